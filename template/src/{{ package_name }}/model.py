@@ -1,0 +1,67 @@
+"""The model. This file is yours: change the architecture freely.
+
+`build_model` is what the training script, the benchmarks and the tests call, so keep its
+signature (add keyword arguments as you need them).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class ConvNet(nn.Module):
+    """A small CNN: three conv blocks, global average pooling, a linear classifier."""
+
+    def __init__(self, in_channels: int, num_classes: int, width: int = 32, dropout: float = 0.1):
+        super().__init__()
+
+        def block(cin: int, cout: int) -> nn.Sequential:
+            return nn.Sequential(
+                nn.Conv2d(cin, cout, kernel_size=3, padding=1, bias=False),
+                nn.BatchNorm2d(cout),
+                nn.ReLU(inplace=True),
+                nn.MaxPool2d(2),
+            )
+
+        self.features = nn.Sequential(
+            block(in_channels, width), block(width, 2 * width), block(2 * width, 4 * width)
+        )
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(4 * width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(self.features(x)).flatten(1)
+        return self.classifier(self.dropout(x))
+
+
+class MLP(nn.Module):
+    """A two-hidden-layer perceptron over flattened inputs."""
+
+    def __init__(self, in_features: int, num_classes: int, width: int = 256, dropout: float = 0.1):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(in_features, width),
+            nn.GELU(),
+            nn.Dropout(dropout),
+            nn.Linear(width, width),
+            nn.GELU(),
+            nn.Dropout(dropout),
+            nn.Linear(width, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def build_model(
+    name: str, *, in_channels: int, image_size: int, num_classes: int, width: int, dropout: float
+) -> nn.Module:
+    """Build the model named by `--model` for inputs of shape (in_channels, size, size)."""
+    if name == "cnn":
+        return ConvNet(in_channels, num_classes, width=width, dropout=dropout)
+    if name == "mlp":
+        return MLP(in_channels * image_size * image_size, num_classes, width=8 * width, dropout=dropout)
+    raise ValueError(f"unknown model {name!r}; choose cnn or mlp")

@@ -1,0 +1,550 @@
+"""The seven everyday PyTorch techniques, done the way current PyTorch documents them.
+
+1. Seeding and determinism        seed_everything, seed_worker, set_deterministic
+2. Anomaly detection (debugging)  anomaly_detection, check_finite, diagnose_nonfinite
+3. DataLoader workers             resolve_num_workers, build_dataloader, tune_num_workers
+4. pin_memory + non_blocking      build_dataloader (pins), to_device (non_blocking)
+5. torch.compile                  maybe_compile, unwrap_model
+6. Evaluation without autograd    evaluation_mode
+7. Gradient clipping              clip_gradients
+
+Plus the small pieces the training loop and the benchmarks share: device selection,
+mixed precision, and device synchronisation for honest timing.
+
+This file belongs to the template: `copier update` keeps improving it. Put project-specific
+code in your own modules rather than editing it, so updates apply cleanly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import itertools
+import os
+import random
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+__all__ = [
+    "NonFiniteLossError",
+    "anomaly_detection",
+    "autocast",
+    "available_cpus",
+    "build_dataloader",
+    "check_finite",
+    "clip_gradients",
+    "diagnose_nonfinite",
+    "evaluation_mode",
+    "make_grad_scaler",
+    "maybe_compile",
+    "resolve_device",
+    "resolve_num_workers",
+    "seed_everything",
+    "seed_worker",
+    "set_deterministic",
+    "synchronize",
+    "to_device",
+    "tune_num_workers",
+    "unwrap_model",
+]
+
+T = TypeVar("T")
+
+# --------------------------------------------------------------------------------------------
+# 1. Seeding and determinism
+# --------------------------------------------------------------------------------------------
+
+
+def seed_everything(seed: int, deterministic: bool = False) -> torch.Generator:
+    """Seed Python, NumPy (if installed) and torch, and return a seeded DataLoader generator.
+
+    `torch.manual_seed` seeds every device, CUDA included. The returned generator drives the
+    DataLoader's shuffling and its workers' base seeds, so data order does not depend on how
+    much global randomness the model consumed first. Seed 0 is a valid seed.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    if not 0 <= seed < 2**32:
+        raise ValueError(f"seed must be in [0, 2**32), got {seed}")
+    random.seed(seed)
+    try:
+        import numpy as np
+    except ImportError:
+        pass
+    else:
+        np.random.seed(seed)
+    torch.manual_seed(seed)
+    set_deterministic(deterministic)
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    return generator
+
+
+def set_deterministic(enabled: bool, *, warn_only: bool = False) -> None:
+    """Turn bitwise-reproducible kernels on or off (they cost speed, so this is opt-in).
+
+    An op without a deterministic implementation raises (or warns, with `warn_only`).
+    cuBLAS needs CUBLAS_WORKSPACE_CONFIG set before CUDA is first used (torch <= 2.9;
+    harmless later). cudnn.benchmark picks kernels by timing, which is not repeatable.
+    """
+    if enabled:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+    torch.backends.cudnn.deterministic = enabled
+
+
+def seed_worker(worker_id: int) -> None:
+    """DataLoader `worker_init_fn`: seed `random` and NumPy inside each worker.
+
+    torch seeds each worker from the loader's generator, but Python's `random` and NumPy
+    would otherwise start from the same state in every worker (forked copies), so random
+    augmentations would repeat across workers.
+    """
+    del worker_id  # torch.initial_seed() already differs per worker
+    worker_seed = torch.initial_seed() % 2**32
+    random.seed(worker_seed)
+    try:
+        import numpy as np
+    except ImportError:
+        return
+    np.random.seed(worker_seed)
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Anomaly detection: a debug switch, plus a cheap check that is always on
+# --------------------------------------------------------------------------------------------
+
+
+class NonFiniteLossError(RuntimeError):
+    """A loss (or gradient norm) came out NaN or Inf."""
+
+    def __init__(self, message: str, *, step: int | None = None, value: float | None = None):
+        super().__init__(message)
+        self.step = step
+        self.value = value
+
+
+def anomaly_detection(enabled: bool = True) -> contextlib.AbstractContextManager[Any]:
+    """Context manager for autograd anomaly detection. Wrap the forward AND the backward.
+
+    Anomaly mode records a traceback for every forward op, so when a backward function
+    returns NaN the error names the op (e.g. `SqrtBackward0`) and the warning shows the
+    forward line that created it. Wrapping only `backward()` raises too, but cannot show
+    that forward traceback. It checks NaN only, not Inf (see `check_finite`), and slows every
+    step, so it is off by default; `diagnose_nonfinite` turns it on for one batch instead.
+    """
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autograd.set_detect_anomaly(True, check_nan=True)
+
+
+def check_finite(value: torch.Tensor, *, step: int | None = None, what: str = "loss") -> None:
+    """Raise `NonFiniteLossError` if `value` holds a NaN or Inf.
+
+    Anomaly mode ignores Inf, so this is the check that catches both. Reading the flag is a
+    host sync: call it once per optimizer step (or less), not per op.
+    """
+    if bool(torch.isfinite(value).all()):
+        return
+    number = float(value.detach().float().reshape(-1)[0]) if value.numel() else float("nan")
+    where = f" at step {step}" if step is not None else ""
+    raise NonFiniteLossError(f"non-finite {what}{where}: {number}", step=step, value=number)
+
+
+def _source_of(module: nn.Module) -> str:
+    try:
+        forward = type(module).forward
+        path = inspect.getsourcefile(forward)
+        line = inspect.getsourcelines(forward)[1]
+    except (OSError, TypeError):
+        return type(module).__qualname__
+    return f"{os.path.relpath(path) if path else '?'}:{line}"
+
+
+def diagnose_nonfinite(model: nn.Module, step_fn: Callable[[], Any]) -> str:
+    """Re-run one forward+backward (`step_fn`) to find where a NaN/Inf first appears.
+
+    Call it on the batch whose loss was non-finite, before the optimizer steps. It watches
+    every module's output during the forward (catches Inf, which anomaly mode does not) and
+    runs under anomaly detection (names the backward op that made a NaN and the forward line
+    that created it). Returns a one-line description; never raises for the anomaly itself.
+    """
+    findings: list[str] = []
+    names = {module: name or type(model).__name__ for name, module in model.named_modules()}
+
+    def first_bad(tensors: Any) -> bool:
+        flat = tensors if isinstance(tensors, (tuple, list)) else (tensors,)
+        return any(
+            isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all()
+            for t in flat
+        )
+
+    def hook(module: nn.Module, inputs: Any, output: Any) -> None:
+        if findings or not first_bad(output) or first_bad(inputs):
+            return
+        kind = type(module).__name__
+        findings.append(
+            f"forward: module '{names.get(module, kind)}' ({kind}, {_source_of(module)}) "
+            "produced a non-finite output from finite inputs"
+        )
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()]
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                with anomaly_detection(True):
+                    step_fn()
+            except RuntimeError as error:
+                message = str(error).splitlines()[0]
+                traceback_line = _forward_line_from_warnings(caught)
+                findings.append(f"backward: {message}" + (f" ({traceback_line})" if traceback_line else ""))
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not findings:
+        return "no op produced a NaN or Inf when the batch was re-run (the input data may hold one)"
+    return "; ".join(findings)
+
+
+def _forward_line_from_warnings(caught: Sequence[warnings.WarningMessage]) -> str:
+    for warning in caught:
+        text = str(warning.message)
+        if "Traceback of forward call" not in text:
+            continue
+        frames = [line.strip() for line in text.splitlines() if line.strip().startswith("File ")]
+        if frames:
+            return "forward call at " + frames[-1].replace("File ", "", 1)
+    return ""
+
+
+# --------------------------------------------------------------------------------------------
+# 3. DataLoader workers, 4. pin_memory + non_blocking
+# --------------------------------------------------------------------------------------------
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (respects taskset, cgroups via affinity, SLURM binding)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows have no sched_getaffinity
+        return os.cpu_count() or 1
+
+
+def resolve_num_workers(
+    requested: int | str, world_size: int = 1, *, in_memory: bool = False
+) -> int:
+    """Turn `--num-workers` (an int or "auto") into a worker count for one rank.
+
+    "auto" shares the CPUs this process may use among the `world_size` ranks on this node
+    and leaves one per rank for the main process, which runs the training loop. A dataset
+    that is already a tensor in memory (`in_memory=True`) gets 0: workers would only add
+    inter-process copies. Measure with `tune_num_workers` for the real answer.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if isinstance(requested, str):
+        if requested.strip().lower() == "auto":
+            if in_memory:
+                return 0
+            return max(0, available_cpus() // world_size - 1)
+        try:
+            requested = int(requested)
+        except ValueError:
+            raise ValueError(
+                f"num_workers must be a non-negative integer or 'auto', got {requested!r}"
+            ) from None
+    if isinstance(requested, bool) or not isinstance(requested, int) or requested < 0:
+        raise ValueError(f"num_workers must be a non-negative integer or 'auto', got {requested!r}")
+    return requested
+
+
+def _pin_memory_for(device: torch.device | str | None) -> bool:
+    if device is None:
+        return torch.cuda.is_available()
+    return torch.device(device).type in ("cuda", "xpu")
+
+
+def build_dataloader(
+    dataset: Dataset[Any],
+    *,
+    batch_size: int,
+    train: bool,
+    num_workers: int,
+    generator: torch.Generator | None = None,
+    sampler: Sampler[Any] | None = None,
+    device: torch.device | str | None = None,
+    prefetch_factor: int = 2,
+    persistent_workers: bool = True,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+) -> DataLoader[Any]:
+    """Build a DataLoader with the settings that are right for training or for evaluation.
+
+    - Training shuffles and drops the last partial batch (stable shapes for torch.compile, no
+      BatchNorm batch of one); evaluation keeps order and every sample.
+    - `persistent_workers` and `prefetch_factor` are only valid with workers, so they are
+      only passed when `num_workers > 0` (PyTorch raises ValueError otherwise).
+    - Batches are pinned by the loader's own thread when the target device is CUDA, so
+      `to_device(..., non_blocking=True)` overlaps the copy with compute. Without an
+      accelerator pinning only warns, so it is off.
+    - `seed_worker` and the seeded `generator` make worker randomness reproducible.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    kwargs: dict[str, Any] = {}
+    if num_workers > 0:
+        kwargs["persistent_workers"] = persistent_workers
+        kwargs["prefetch_factor"] = prefetch_factor
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=train and sampler is None,
+        sampler=sampler,
+        drop_last=train,
+        num_workers=num_workers,
+        pin_memory=_pin_memory_for(device),
+        worker_init_fn=seed_worker,
+        generator=generator,
+        collate_fn=collate_fn,
+        **kwargs,
+    )
+
+
+def tune_num_workers(
+    dataset: Dataset[Any],
+    *,
+    batch_size: int,
+    candidates: Iterable[int] | None = None,
+    num_batches: int = 50,
+    warmup_batches: int | None = None,
+    device: torch.device | str | None = None,
+) -> tuple[int, dict[int, float]]:
+    """Measure samples/s for each worker count and return the fastest and all results.
+
+    The right worker count depends on how much CPU `__getitem__` costs and on this machine,
+    so it is measured, not guessed. Worker start-up and the first prefetched batches are
+    excluded (persistent workers pay them once per run); what is timed is the steady rate.
+    """
+    if candidates is None:
+        cpus = available_cpus()
+        candidates = sorted({0, *(n for n in (1, 2, 4, 8, 16, 32) if n <= cpus)})
+    results: dict[int, float] = {}
+    for workers in candidates:
+        loader = build_dataloader(
+            dataset, batch_size=batch_size, train=True, num_workers=workers, device=device
+        )
+        warmup = warmup_batches if warmup_batches is not None else max(1, 2 * workers)
+        batches = _cycle(loader)
+        for _ in range(warmup):
+            next(batches)
+        samples = 0
+        start = time.perf_counter()
+        for _ in range(num_batches):
+            samples += _batch_len(next(batches))
+        results[workers] = samples / (time.perf_counter() - start)
+        del batches, loader  # shut the workers down before the next candidate starts
+    if not results:
+        raise ValueError("tune_num_workers needs at least one candidate")
+    best = max(results, key=results.__getitem__)
+    return best, results
+
+
+def _cycle(loader: DataLoader[Any]) -> Iterator[Any]:
+    for _ in itertools.count():
+        yielded = False
+        for batch in loader:
+            yielded = True
+            yield batch
+        if not yielded:
+            raise ValueError("the dataset is smaller than one batch; lower batch_size")
+
+
+def _batch_len(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0]
+    if isinstance(batch, Mapping):
+        return _batch_len(next(iter(batch.values())))
+    if isinstance(batch, (tuple, list)):
+        return _batch_len(batch[0])
+    raise TypeError(f"cannot tell the size of a batch of type {type(batch).__name__}")
+
+
+def to_device(batch: T, device: torch.device | str) -> T:
+    """Move every tensor in a (nested) tuple, list or dict to `device`, keeping the structure.
+
+    Host-to-device copies use `non_blocking=True`: the copy is queued and the CPU moves on,
+    which overlaps with compute when the source is pinned (the DataLoader pins it). Copies
+    from an accelerator back to the host stay blocking: a non-blocking device-to-host copy
+    can be read before it has landed.
+    """
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=batch.device.type == "cpu")  # type: ignore[return-value]
+    if isinstance(batch, Mapping):
+        return type(batch)({k: to_device(v, device) for k, v in batch.items()})  # type: ignore[call-arg]
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(to_device(v, device) for v in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(v, device) for v in batch)  # type: ignore[call-arg]
+    return batch
+
+
+# --------------------------------------------------------------------------------------------
+# 5. torch.compile
+# --------------------------------------------------------------------------------------------
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def maybe_compile(
+    model: nn.Module, enabled: bool, mode: str = "default", backend: str = "inductor"
+) -> nn.Module:
+    """Return `torch.compile(model)` when enabled, else the model itself.
+
+    Compile after moving the model to its device. Python control flow does not stop
+    compilation: it becomes a graph break (only `fullgraph=True` refuses it), and a new input
+    shape costs one recompile. "reduce-overhead" and "max-autotune" use CUDA graphs. The
+    inductor backend needs a C++ compiler on CPU; "eager"/"aot_eager" need none (tests).
+    """
+    if not enabled:
+        return model
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
+    if backend == "inductor":
+        return torch.compile(model, mode=mode, backend=backend)  # type: ignore[return-value]
+    return torch.compile(model, backend=backend)  # type: ignore[return-value]
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """Strip torch.compile and DDP/DataParallel wrappers, in any order.
+
+    Save checkpoints from the unwrapped module so they load into a plain model: no
+    `_orig_mod.` or `module.` prefixes in the state dict.
+    """
+    while True:
+        if isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            model = model._orig_mod  # type: ignore[assignment]
+        elif isinstance(
+            model, (nn.parallel.DistributedDataParallel, nn.DataParallel)
+        ):
+            model = model.module
+        else:
+            return model
+
+
+# --------------------------------------------------------------------------------------------
+# 6. Evaluation without autograd
+# --------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def evaluation_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """`model.eval()` + `torch.inference_mode()`, restoring each module's mode afterwards.
+
+    `eval()` only switches Dropout and BatchNorm; autograd would still record the graph.
+    `inference_mode` skips the graph, version counters and view tracking (cheaper than
+    `no_grad`). Each submodule's own train/eval flag is restored, also when the body raises,
+    so a frozen BatchNorm stays frozen.
+    """
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield model
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+# --------------------------------------------------------------------------------------------
+# 7. Gradient clipping
+# --------------------------------------------------------------------------------------------
+
+
+def clip_gradients(
+    parameters: Iterable[torch.Tensor],
+    max_norm: float | None,
+    *,
+    scaler: torch.amp.GradScaler | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    error_if_nonfinite: bool = False,
+    norm_type: float = 2.0,
+) -> torch.Tensor:
+    """Clip gradients to `max_norm` and return the PRE-clip total norm as a device tensor.
+
+    Call after `backward()` and before `optimizer.step()`. Under fp16 AMP the gradients are
+    scaled, so the scaler unscales them first (pass `scaler` and `optimizer`). The returned
+    norm is the signal for choosing `max_norm`; it stays on the device (no host sync), so
+    read it at log intervals. `max_norm=None` only measures and leaves the gradients alone:
+    clipping with `max_norm=inf` to "measure" would turn a single inf gradient into NaN
+    everywhere.
+    """
+    params = [p for p in parameters if p.grad is not None]
+    if scaler is not None and scaler.is_enabled():
+        if optimizer is None:
+            raise ValueError("clip_gradients needs the optimizer to unscale fp16 gradients")
+        scaler.unscale_(optimizer)
+    if max_norm is None:
+        return torch.nn.utils.get_total_norm(
+            [p.grad for p in params], norm_type, error_if_nonfinite=error_if_nonfinite
+        )
+    if max_norm <= 0:
+        raise ValueError(f"max_norm must be > 0 (or None to only measure), got {max_norm}")
+    return torch.nn.utils.clip_grad_norm_(
+        params, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Devices, mixed precision and timing
+# --------------------------------------------------------------------------------------------
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """Map `--device` (auto, cpu, cuda, cuda:N, mps) to a device, failing clearly if absent."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was requested but no CUDA device is visible")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("--device mps was requested but MPS is not available")
+    return device
+
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[Any]:
+    """Autocast context for `precision`: bf16 (CPU or modern GPUs), fp16, or nothing (fp32)."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def make_grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
+    """A GradScaler that is enabled only for fp16, where small gradients would underflow."""
+    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work: needed before reading a timer, never inside the loop."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
