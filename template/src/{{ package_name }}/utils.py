@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
+import math
 import os
 import random
 import time
@@ -101,11 +102,13 @@ def set_deterministic(enabled: bool, *, warn_only: bool = False) -> None:
 
 
 def seed_worker(worker_id: int) -> None:
-    """DataLoader `worker_init_fn`: seed `random` and NumPy inside each worker.
+    """DataLoader `worker_init_fn` from PyTorch's reproducibility notes.
 
-    torch seeds each worker from the loader's generator, but Python's `random` and NumPy
-    would otherwise start from the same state in every worker (forked copies), so random
-    augmentations would repeat across workers.
+    Each worker's torch seed is `base_seed + worker_id`, with `base_seed` drawn from the
+    loader's generator. Current PyTorch also reseeds `random` and NumPy in each worker; this
+    hook derives both from that torch seed explicitly, so random augmentations differ across
+    workers and repeat across runs whatever the DataLoader does, and it is the one place to
+    seed any other RNG the dataset uses.
     """
     del worker_id  # torch.initial_seed() already differs per worker
     worker_seed = torch.initial_seed() % 2**32
@@ -142,7 +145,9 @@ def anomaly_detection(enabled: bool = True) -> contextlib.AbstractContextManager
     """
     if not enabled:
         return contextlib.nullcontext()
-    return torch.autograd.set_detect_anomaly(True, check_nan=True)
+    # detect_anomaly switches the mode on when entered (set_detect_anomaly would switch it on
+    # as soon as it is constructed) and restores the previous mode on exit.
+    return torch.autograd.detect_anomaly(check_nan=True)
 
 
 def check_finite(value: torch.Tensor, *, step: int | None = None, what: str = "loss") -> None:
@@ -151,9 +156,10 @@ def check_finite(value: torch.Tensor, *, step: int | None = None, what: str = "l
     Anomaly mode ignores Inf, so this is the check that catches both. Reading the flag is a
     host sync: call it once per optimizer step (or less), not per op.
     """
-    if bool(torch.isfinite(value).all()):
+    finite = torch.isfinite(value.detach())
+    if bool(finite.all()):
         return
-    number = float(value.detach().float().reshape(-1)[0]) if value.numel() else float("nan")
+    number = float(value.detach().reshape(-1)[~finite.reshape(-1)][0])
     where = f" at step {step}" if step is not None else ""
     raise NonFiniteLossError(f"non-finite {what}{where}: {number}", step=step, value=number)
 
@@ -165,7 +171,9 @@ def _source_of(module: nn.Module) -> str:
         line = inspect.getsourcelines(forward)[1]
     except (OSError, TypeError):
         return type(module).__qualname__
-    return f"{os.path.relpath(path) if path else '?'}:{line}"
+    with contextlib.suppress(ValueError):  # relpath fails across Windows drives
+        path = os.path.relpath(path) if path else path
+    return f"{path or '?'}:{line}"
 
 
 def diagnose_nonfinite(model: nn.Module, step_fn: Callable[[], Any]) -> str:
@@ -205,7 +213,8 @@ def diagnose_nonfinite(model: nn.Module, step_fn: Callable[[], Any]) -> str:
             except RuntimeError as error:
                 message = str(error).splitlines()[0]
                 traceback_line = _forward_line_from_warnings(caught)
-                findings.append(f"backward: {message}" + (f" ({traceback_line})" if traceback_line else ""))
+                where = f" ({traceback_line})" if traceback_line else ""
+                findings.append(f"backward: {message}{where}")
     finally:
         for handle in handles:
             handle.remove()
@@ -339,8 +348,14 @@ def tune_num_workers(
         candidates = sorted({0, *(n for n in (1, 2, 4, 8, 16, 32) if n <= cpus)})
     results: dict[int, float] = {}
     for workers in candidates:
+        # A private generator: measuring must not consume the global RNG that seeds the run.
         loader = build_dataloader(
-            dataset, batch_size=batch_size, train=True, num_workers=workers, device=device
+            dataset,
+            batch_size=batch_size,
+            train=True,
+            num_workers=workers,
+            device=device,
+            generator=torch.Generator().manual_seed(0),
         )
         warmup = warmup_batches if warmup_batches is not None else max(1, 2 * workers)
         batches = _cycle(loader)
@@ -389,7 +404,11 @@ def to_device(batch: T, device: torch.device | str) -> T:
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=batch.device.type == "cpu")  # type: ignore[return-value]
     if isinstance(batch, Mapping):
-        return type(batch)({k: to_device(v, device) for k, v in batch.items()})  # type: ignore[call-arg]
+        moved = {k: to_device(v, device) for k, v in batch.items()}
+        try:
+            return type(batch)(moved)  # type: ignore[call-arg]
+        except TypeError:  # a Mapping that cannot be built from a dict (e.g. defaultdict)
+            return moved  # type: ignore[return-value]
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
         return type(batch)(*(to_device(v, device) for v in batch))
     if isinstance(batch, (tuple, list)):
@@ -405,7 +424,10 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 
 
 def maybe_compile(
-    model: nn.Module, enabled: bool, mode: str = "default", backend: str = "inductor"
+    model: nn.Module,
+    enabled: bool,
+    mode: str = "default",
+    backend: str | Callable[..., Any] = "inductor",
 ) -> nn.Module:
     """Return `torch.compile(model)` when enabled, else the model itself.
 
@@ -413,11 +435,12 @@ def maybe_compile(
     compilation: it becomes a graph break (only `fullgraph=True` refuses it), and a new input
     shape costs one recompile. "reduce-overhead" and "max-autotune" use CUDA graphs. The
     inductor backend needs a C++ compiler on CPU; "eager"/"aot_eager" need none (tests).
+    A bad mode is refused even when compilation is off, so a typo fails on the first run.
     """
-    if not enabled:
-        return model
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
+    if not enabled:
+        return model
     if backend == "inductor":
         return torch.compile(model, mode=mode, backend=backend)  # type: ignore[return-value]
     return torch.compile(model, backend=backend)  # type: ignore[return-value]
@@ -432,9 +455,7 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     while True:
         if isinstance(getattr(model, "_orig_mod", None), nn.Module):
             model = model._orig_mod  # type: ignore[assignment]
-        elif isinstance(
-            model, (nn.parallel.DistributedDataParallel, nn.DataParallel)
-        ):
+        elif isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module
         else:
             return model
@@ -483,16 +504,19 @@ def clip_gradients(
     Call after `backward()` and before `optimizer.step()`. Under fp16 AMP the gradients are
     scaled, so the scaler unscales them first (pass `scaler` and `optimizer`). The returned
     norm is the signal for choosing `max_norm`; it stays on the device (no host sync), so
-    read it at log intervals. `max_norm=None` only measures and leaves the gradients alone:
-    clipping with `max_norm=inf` to "measure" would turn a single inf gradient into NaN
-    everywhere.
+    read it at log intervals. `max_norm=None` (or inf) only measures and leaves the gradients
+    alone: clipping with `max_norm=inf` would turn a single inf gradient into NaN everywhere.
+
+    Under fp16 an inf gradient is a routine overflow that `scaler.step` skips (and lowers the
+    scale), so `error_if_nonfinite` only applies when no scaler is active.
     """
     params = [p for p in parameters if p.grad is not None]
     if scaler is not None and scaler.is_enabled():
         if optimizer is None:
             raise ValueError("clip_gradients needs the optimizer to unscale fp16 gradients")
         scaler.unscale_(optimizer)
-    if max_norm is None:
+        error_if_nonfinite = False
+    if max_norm is None or math.isinf(max_norm):
         return torch.nn.utils.get_total_norm(
             [p.grad for p in params], norm_type, error_if_nonfinite=error_if_nonfinite
         )
@@ -527,19 +551,32 @@ def resolve_device(name: str = "auto") -> torch.device:
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
-def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[Any]:
-    """Autocast context for `precision`: bf16 (CPU or modern GPUs), fp16, or nothing (fp32)."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
+def _check_precision(precision: str) -> None:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+
+
+def autocast(device: torch.device | str, precision: str) -> contextlib.AbstractContextManager[Any]:
+    """Autocast context for `precision`: bf16 (CPU or modern GPUs), fp16, or nothing (fp32).
+
+    Matmuls and convolutions run in the low-precision dtype; reductions and losses stay in
+    fp32, which is why autocast is used instead of casting the model with `.half()`.
+    """
+    _check_precision(precision)
+    if precision == "fp32":
+        return contextlib.nullcontext()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
+    return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
 
 
-def make_grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
-    """A GradScaler that is enabled only for fp16, where small gradients would underflow."""
-    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+def make_grad_scaler(device: torch.device | str, precision: str) -> torch.amp.GradScaler:
+    """A GradScaler that is enabled only for fp16, where small gradients would underflow.
+
+    bf16 has fp32's exponent range, so it needs no scaling; a disabled scaler's methods are
+    no-ops, so the training loop calls them unconditionally.
+    """
+    _check_precision(precision)
+    return torch.amp.GradScaler(torch.device(device).type, enabled=precision == "fp16")
 
 
 def synchronize(device: torch.device) -> None:
