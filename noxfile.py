@@ -1,0 +1,177 @@
+"""Task runner for the copier-pytorch template repository.
+
+    nox -s demo      render a project with default answers into build/demo, train one epoch
+    nox              the full suite CI runs: tests (update tests included), lint, gpu
+    nox -s tests     the template's pytest suite: rendering, answers, render matrix, update
+    nox -s update    only the `copier update` tests
+    nox -s gpu       render the answer matrix, run each project's GPU checks (skips without CUDA)
+    nox -s lint      ruff over the template's own Python and over every rendered project
+
+torch is installed once: the hidden `env` session builds one virtual environment (.nox/env)
+with torch, copier, pytest, ruff and the generated projects' dependencies, and every other
+session runs in it. TORCH_SPEC overrides the torch requirement (default torch==2.13.0).
+
+On a GPU machine with torch preinstalled and no package index, skip the environment and use the
+`python` on PATH (it needs torch, copier and pytest; see README, GPU checks):
+
+    nox --no-venv -s gpu
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+BUILD = ROOT / "build"
+TORCH = os.environ.get("TORCH_SPEC", "torch==2.13.0")
+ENV_PACKAGES = [
+    TORCH,
+    "copier>=9.4,<10",
+    "pytest>=8",
+    "ruff>=0.6",
+    "setuptools>=77",  # rendered projects are installed with --no-build-isolation
+    # The generated projects' own dependencies, so they install with --no-deps.
+    "numpy>=1.24",
+    "tqdm>=4.60",
+    "pillow>=9",
+    "tensorboard>=2.14",
+]
+NO_CUDA = "no CUDA device: GPU checks skipped"
+
+nox.options.sessions = ["tests", "lint", "gpu"]
+nox.options.error_on_missing_interpreters = True
+
+
+def _load_matrix() -> tuple[dict[str, dict[str, Any]], Any]:
+    """The answer matrix lives with the tests (tests/matrix.py); load it by path."""
+    spec = importlib.util.spec_from_file_location("matrix", ROOT / "tests" / "matrix.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.MATRIX, module.package_name
+
+
+MATRIX, package_name = _load_matrix()
+
+
+class Env:
+    """Where the shared environment's interpreter is; set by the `env` session, which every
+    other session requires, so it has run (once per nox invocation) before they start."""
+
+    python = "python"
+    run_env: dict[str, str] = {}  # noqa: RUF012 - one process-wide setting, never mutated
+
+
+@nox.session(reuse_venv=True, default=False)
+def env(session: nox.Session) -> None:
+    """Build the shared environment (run on demand by the other sessions)."""
+    if session.venv_backend == "none":  # --no-venv: take the interpreter as it is
+        _require_modules(session, ["torch", "copier", "pytest"])
+        return
+    session.install(*ENV_PACKAGES)
+    Env.python = str(Path(session.bin) / "python")
+    # Subprocesses (copier's, the rendered projects' suites) find this environment first.
+    Env.run_env = {
+        "PATH": os.pathsep.join([session.bin, os.environ.get("PATH", "")]),
+        "VIRTUAL_ENV": str(Path(session.bin).parent),
+    }
+
+
+def _require_modules(session: nox.Session, modules: list[str]) -> None:
+    missing = session.run(
+        "python",
+        "-c",
+        "import importlib.util as u, sys; "
+        "print(' '.join(m for m in sys.argv[1:] if u.find_spec(m) is None))",
+        *modules,
+        silent=True,
+    )
+    if str(missing).strip():
+        session.error(
+            f"--no-venv uses the `python` on PATH, which lacks: {str(missing).strip()}; "
+            "install them there (offline: pip install --no-index --find-links <wheel folder>)"
+        )
+
+
+def _run(session: nox.Session, *args: str | Path, **kwargs: Any) -> Any:
+    """Run `python ...` (the shared environment's, or PATH's under --no-venv)."""
+    env = {**Env.run_env, **kwargs.pop("env", {})}
+    return session.run(Env.python, *map(str, args), env=env, external=True, **kwargs)
+
+
+def _render(session: nox.Session, dest: Path, answers: dict[str, Any]) -> Path:
+    """Render the working tree (uncommitted changes included) with the given answers."""
+    shutil.rmtree(dest, ignore_errors=True)
+    data = [f"--data={key}={value}" for key, value in answers.items()]
+    _run(session, "-m", "copier", "copy", "--quiet", "--defaults", "--vcs-ref", "HEAD",
+         *data, ROOT, dest)  # fmt: skip
+    return dest
+
+
+def _selected(session: nox.Session) -> dict[str, dict[str, Any]]:
+    """Matrix entries named in the session's arguments (all of them when none are named)."""
+    unknown = set(session.posargs) - set(MATRIX)
+    if unknown:
+        session.error(f"unknown matrix entries {sorted(unknown)}; choose from {list(MATRIX)}")
+    return {name: a for name, a in MATRIX.items() if not session.posargs or name in session.posargs}
+
+
+@nox.session(venv_backend="none", requires=["env"])
+def demo(session: nox.Session) -> None:
+    """Render a project with the default answers into build/demo and train it for one epoch."""
+    project = _render(session, BUILD / "demo", {})
+    (package,) = (init.parent.name for init in project.glob("src/*/__init__.py"))
+    session.chdir(project)
+    _run(session, "-m", f"{package}.train", "--epochs", "1", env={"PYTHONPATH": "src"})
+    session.log(f"rendered project: {project}")
+
+
+@nox.session(venv_backend="none", requires=["env"])
+def tests(session: nox.Session) -> None:
+    """The template's pytest suite (`nox -s tests -- -k render` passes arguments to pytest)."""
+    _run(session, "-m", "pytest", *session.posargs)
+
+
+@nox.session(venv_backend="none", requires=["env"])
+def update(session: nox.Session) -> None:
+    """Only the `copier update` tests (also part of `tests`)."""
+    _run(session, "-m", "pytest", "-m", "update", *session.posargs)
+
+
+@nox.session(venv_backend="none", requires=["env"])
+def gpu(session: nox.Session) -> None:
+    """Each matrix render's GPU suite, `benchmark --quick` and profiler (`-- <entry>` picks)."""
+    has_cuda = _run(session, "-c", "import torch; print(torch.cuda.is_available())", silent=True)
+    if "True" not in str(has_cuda):
+        session.log(NO_CUDA)
+        return
+    for name, answers in _selected(session).items():
+        project = _render(session, BUILD / "gpu" / name, answers)
+        package = package_name(answers)
+        session.chdir(project)
+        # Imported from src/ rather than installed: an offline GPU machine may lack setuptools.
+        src = {"PYTHONPATH": str(project / "src")}
+        _run(session, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", env=src)
+        _run(session, "-m", f"{package}.benchmark", "--quick", env=src)
+        _run(session, "-m", f"{package}.profiling", env=src)
+
+
+@nox.session(venv_backend="none", requires=["env"])
+def lint(session: nox.Session) -> None:
+    """ruff over tests/, noxfile.py and the template's plain .py files, then every render."""
+    _ruff(session, ROOT)
+    for name, answers in MATRIX.items():
+        _ruff(session, _render(session, BUILD / "lint" / name, answers))
+
+
+def _ruff(session: nox.Session, folder: Path) -> None:
+    # From inside the folder, so ruff uses that folder's pyproject.toml (a render's own rules).
+    session.chdir(folder)
+    _run(session, "-m", "ruff", "check", ".")
+    _run(session, "-m", "ruff", "format", "--check", ".")

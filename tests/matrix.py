@@ -1,0 +1,55 @@
+"""The answer matrix, shared by the pytest suite and the noxfile (which loads this file by path).
+
+Four renders give every choice question each of its values at least once, with values paired
+up so that no render is a copy of another. Only the Python running the tests exists on the
+machine, so other `python_version` answers are rendered and tested on it: they only change
+`requires-python`, ruff's target version and the CI workflow's Python.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MATRIX: dict[str, dict[str, Any]] = {
+    "py310-mit-cnn": {
+        "project_name": "matrix-py310",
+        "python_version": "3.10",
+        "license": "MIT",
+        "model": "cnn",
+        "github_actions": True,
+        "tensorboard": False,
+    },
+    "py311-apache-mlp": {
+        "project_name": "matrix-py311",
+        "python_version": "3.11",
+        "license": "Apache-2.0",
+        "model": "mlp",
+        "github_actions": False,
+        "tensorboard": True,
+    },
+    "py312-bsd-mlp": {
+        "project_name": "matrix-py312",
+        "python_version": "3.12",
+        "license": "BSD-3-Clause",
+        "model": "mlp",
+        "github_actions": True,
+        "tensorboard": True,
+    },
+    "py313-none-cnn": {
+        "project_name": "matrix-py313",
+        "python_version": "3.13",
+        "license": "none",
+        "model": "cnn",
+        "github_actions": False,
+        "tensorboard": False,
+    },
+}
+
+# The one render whose `slow` tests run too (inductor compilation and the like take minutes
+# on a small CPU; once is enough to catch a break, the other renders skip them).
+SLOW_RENDER = "py310-mit-cnn"
+
+
+def package_name(answers: dict[str, Any]) -> str:
+    """The package name copier derives from the project name (no answer overrides it here)."""
+    return str(answers.get("package_name") or answers["project_name"].replace("-", "_"))

@@ -1,0 +1,39 @@
+"""The render matrix: every rendered project installs, passes its CPU suite and trains.
+
+Each project is pip-installed (editable, no dependencies: the one shared environment already
+has torch and the rest) under its own distribution and package name, so all of them coexist.
+The `slow` tests run in one render only (see matrix.SLOW_RENDER).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+
+import pytest
+
+from helpers import check_project, pip_install_editable, run
+from matrix import MATRIX, SLOW_RENDER, package_name
+
+pytestmark = pytest.mark.matrix
+
+
+@pytest.mark.parametrize("name", list(MATRIX))
+def test_installs_and_passes_its_cpu_suite(rendered, name):
+    check_project(rendered[name], slow=name == SLOW_RENDER)
+
+
+@pytest.mark.parametrize("name", list(MATRIX))
+def test_trains_one_epoch(rendered, name, tmp_path):
+    # Installed by the previous test; installing again is cheap and keeps this one standalone.
+    pip_install_editable(rendered[name])
+    package = package_name(MATRIX[name])
+    small = ["--train-samples", "1024", "--val-samples", "256"]  # one epoch, in seconds
+    command = [sys.executable, "-m", f"{package}.train", "--epochs", "1", *small]
+    # Run from a scratch folder, not the project: the installed package must be what imports.
+    result = run([*command, "--run-dir", tmp_path / "run"], tmp_path)
+    output = result.stdout + result.stderr
+    losses = [float(x) for x in re.findall(r"loss\W{1,3}(-?\d+\.\d+(?:e-?\d+)?)", output, re.I)]
+    assert losses, f"no loss printed:\n{output[-2000:]}"
+    assert all(math.isfinite(loss) for loss in losses)

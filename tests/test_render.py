@@ -1,0 +1,125 @@
+"""Rendering checks: what each matrix render contains follows from its answers, and nothing of
+Jinja is left behind."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import ROOT, render
+from matrix import MATRIX, package_name
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+NAMES = list(MATRIX)
+
+LICENSE_MARKERS = {
+    "MIT": "MIT License",
+    "Apache-2.0": "Apache License",
+    "BSD-3-Clause": "Redistribution and use in source and binary forms",
+}
+
+
+def project_files(project: Path) -> list[Path]:
+    return sorted(p for p in project.rglob("*") if p.is_file() and ".git" not in p.parts)
+
+
+def pyproject(project: Path) -> dict:
+    return tomllib.loads((project / "pyproject.toml").read_text())
+
+
+def test_copier_yml_needs_no_trust():
+    """Features that make copier demand --trust would make users run template code."""
+    config = yaml.safe_load((ROOT / "copier.yml").read_text())
+    assert not {"_tasks", "_migrations", "_jinja_extensions"} & set(config)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_jinja_left_in_any_file(rendered, name):
+    project = rendered[name]
+    files = project_files(project)
+    assert len(files) > 10, f"suspiciously few files rendered: {files}"
+    for path in files:
+        relative = path.relative_to(project).as_posix()
+        assert not relative.endswith(".jinja"), relative
+        assert "{{" not in relative and "{%" not in relative, relative
+        lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
+        for number, line in enumerate(lines, 1):
+            assert "{{" not in line and "{%" not in line, f"{relative}:{number}: {line.strip()}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_answers_file_records_the_answers(rendered, name):
+    answers = yaml.safe_load((rendered[name] / ".copier-answers.yml").read_text())
+    for question, value in MATRIX[name].items():
+        assert answers[question] == value, question
+    assert answers["package_name"] == package_name(MATRIX[name])
+    assert Path(answers["_src_path"]).resolve() == ROOT
+    assert answers["_commit"], "copier update needs the template commit"
+    # Internal lists of the validator are not questions: they must not be stored.
+    assert "python_keywords" not in answers and "reserved_module_names" not in answers
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_license_matches_the_answer(rendered, name):
+    project, choice = rendered[name], MATRIX[name]["license"]
+    license_file = project / "LICENSE"
+    if choice == "none":
+        assert not license_file.exists()
+        assert "license" not in pyproject(project)["project"]
+    else:
+        assert LICENSE_MARKERS[choice] in license_file.read_text()
+        assert pyproject(project)["project"]["license"] == choice
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_workflow_only_when_chosen(rendered, name):
+    project, answers = rendered[name], MATRIX[name]
+    workflow = project / ".github" / "workflows" / "ci.yml"
+    assert workflow.exists() == answers["github_actions"]
+    assert (project / ".github").exists() == answers["github_actions"]
+    if answers["github_actions"]:
+        text = workflow.read_text()
+        parsed = yaml.safe_load(text)
+        assert parsed["jobs"], "a workflow without jobs"
+        assert f'"{answers["python_version"]}"' in text
+        assert "copier check-update" in text
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_tensorboard_dependency_only_when_chosen(rendered, name):
+    project, answers = rendered[name], MATRIX[name]
+    dependencies = pyproject(project)["project"]["dependencies"]
+    has_tensorboard = any(dep.startswith("tensorboard") for dep in dependencies)
+    assert has_tensorboard == answers["tensorboard"]
+    assert any(dep.startswith("torch") for dep in dependencies)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_python_version_sets_requires_python_and_ruff_target(rendered, name):
+    project, version = rendered[name], MATRIX[name]["python_version"]
+    data = pyproject(project)
+    assert data["project"]["requires-python"] == f">={version}"
+    assert data["tool"]["ruff"]["target-version"] == "py" + version.replace(".", "")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_package_folder_uses_the_package_name(rendered, name):
+    package = rendered[name] / "src" / package_name(MATRIX[name])
+    assert (package / "__init__.py").is_file()
+    assert (package / "utils.py").is_file()
+    assert (package / "py.typed").is_file()
+
+
+def test_default_answers_derive_the_package_name(tmp_path):
+    project = render(tmp_path / "demo", {"project_name": "Cool Model.v2"})
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert answers["package_name"] == "cool_model_v2"
+    assert (project / "src" / "cool_model_v2" / "train.py").is_file()
+    assert pyproject(project)["project"]["name"] == "cool-model.v2"
