@@ -1,0 +1,255 @@
+"""`copier update` end to end, offline, in temporary git repositories.
+
+A copy of this template repository plays the published template: tagged `v1.0.0`, a project is
+rendered from it and committed, the user edits the project, the template changes and is tagged
+`v1.1.0`, and the project is updated. The user's edits must survive, the template change must
+arrive, and a real conflict must be visible, never silently resolved.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import copier
+import pytest
+import yaml
+from copier.errors import UserMessageError
+
+from helpers import ROOT, copy_template_repo, git, git_init_commit, render, run
+
+pytestmark = pytest.mark.update
+
+PACKAGE = "upd_project"
+TEMPLATE_UTILS = "template/src/{{ package_name }}/utils.py"
+
+USER_LAYER = '''
+
+class ScaleShift(nn.Module):
+    """The user's own layer: a learned per-feature affine map."""
+
+    def __init__(self, features: int):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(features))
+        self.shift = nn.Parameter(torch.zeros(features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale + self.shift
+
+'''
+
+USER_TEST = f'''"""The user's test of their own layer."""
+
+import torch
+
+from {PACKAGE}.config import Config
+from {PACKAGE}.model import ScaleShift
+
+
+def test_scale_shift_starts_as_identity():
+    x = torch.randn(4, 3)
+    assert torch.equal(ScaleShift(3)(x), x)
+
+
+def test_user_changed_the_default_epochs():
+    assert Config().epochs == 7
+'''
+
+TEMPLATE_ADDITION = '''
+
+def template_release() -> str:
+    """The template release this file came from (added in v1.1.0)."""
+    return "1.1.0"
+'''
+
+
+def edit(path: Path, pattern: str, replacement: str) -> None:
+    """Apply a regex edit that must match exactly once (so a drifted file fails loudly)."""
+    text, count = re.subn(pattern, replacement, path.read_text(), flags=re.M)
+    assert count == 1, f"{pattern!r} matched {count} times in {path}"
+    path.write_text(text)
+
+
+def commit_all(repo: Path, message: str) -> None:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+
+
+def update(project: Path, **kwargs: object) -> None:
+    copier.run_update(
+        str(project), defaults=True, overwrite=True, unsafe=False, quiet=True, **kwargs
+    )
+
+
+def conflict_markers(project: Path) -> list[str]:
+    return [
+        str(path.relative_to(project))
+        for path in project.rglob("*")
+        if path.is_file() and ".git" not in path.parts and "<<<<<<<" in path.read_text("utf-8")
+    ]
+
+
+@pytest.fixture
+def template_v1(tmp_path: Path) -> Path:
+    repo = copy_template_repo(tmp_path / "template")
+    git(repo, "tag", "v1.0.0")
+    return repo
+
+
+@pytest.fixture
+def project(template_v1: Path, tmp_path: Path) -> Path:
+    project = render(
+        tmp_path / "project", {"project_name": "upd-project"}, src=template_v1, vcs_ref="v1.0.0"
+    )
+    git_init_commit(project, "rendered from the template v1.0.0")
+    return project
+
+
+def release_v11(repo: Path, path: str, pattern: str, replacement: str) -> None:
+    edit(repo / path, pattern, replacement)
+    commit_all(repo, "template change")
+    git(repo, "tag", "v1.1.0")
+
+
+def check_update_step(project: Path) -> str:
+    """Run the generated CI workflow's template-update step as CI would, return its output."""
+    workflow = yaml.safe_load((project / ".github/workflows/ci.yml").read_text())
+    (step,) = [
+        s
+        for s in workflow["jobs"]["template-update"]["steps"]
+        if "check-update" in s.get("run", "")
+    ]
+    bin_dir = str(Path(sys.executable).parent)  # where this environment's `copier` lives
+    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ["PATH"]}
+    result = subprocess.run(
+        ["bash", "-eo", "pipefail", "-c", step["run"]],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_user_edits_survive_and_the_template_change_arrives(template_v1, project):
+    package = project / "src" / PACKAGE
+    edit(package / "model.py", r"^(?=def build_model\()", USER_LAYER.lstrip("\n"))
+    edit(package / "config.py", r"(epochs: int = field\(default=)\d+", r"\g<1>7")
+    (project / "tests" / "test_user_layer.py").write_text(USER_TEST)
+    commit_all(project, "user edits: a layer, a default, a test")
+    assert "up to date" in check_update_step(project)
+
+    release_v11(template_v1, TEMPLATE_UTILS, r"\Z", TEMPLATE_ADDITION)
+    assert "Template update available" in check_update_step(project)
+    update(project)
+
+    assert "class ScaleShift(nn.Module):" in (package / "model.py").read_text()
+    assert re.search(r"epochs: int = field\(default=7\b", (package / "config.py").read_text())
+    assert (project / "tests" / "test_user_layer.py").read_text() == USER_TEST
+    assert 'return "1.1.0"' in (package / "utils.py").read_text()
+    assert conflict_markers(project) == []
+    assert not list(project.rglob("*.rej"))
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert answers["_commit"] == "v1.1.0"
+    assert "up to date" in check_update_step(project)
+    # The user's tests and the template's tests of the changed file, against the merged code.
+    utils_tests = sorted(str(p.relative_to(project)) for p in project.glob("tests/test_utils*.py"))
+    pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    selected = ["-m", "not gpu and not slow", "tests/test_user_layer.py", *utils_tests]
+    run([*pytest, *selected], project, env={"PYTHONPATH": str(project / "src")})
+
+
+def test_a_real_conflict_is_marked_inline_and_fails_the_check(template_v1, project):
+    utils = project / "src" / PACKAGE / "utils.py"
+    first_line = utils.read_text().splitlines()[0]
+    edit(utils, r"\A.*$", '"""USER: my own summary of the utilities.')
+    commit_all(project, "user rewrites the utils summary line")
+    release_v11(template_v1, TEMPLATE_UTILS, r"\A.*$", '"""TEMPLATE: a new summary line.')
+
+    update(project, conflict="inline")
+
+    text = utils.read_text()
+    assert conflict_markers(project) == [f"src/{PACKAGE}/utils.py"]
+    assert "USER: my own summary" in text and "TEMPLATE: a new summary line" in text
+    assert first_line not in text.split(">>>>>>>")[-1]  # the old line is not silently kept
+    check = subprocess.run(["git", "diff", "--check"], cwd=project, capture_output=True, text=True)
+    assert check.returncode != 0 and "conflict marker" in check.stdout
+
+
+def test_a_dirty_project_is_refused(template_v1, project):
+    model = project / "src" / PACKAGE / "model.py"
+    model.write_text(model.read_text() + "\n# not committed yet\n")
+    release_v11(template_v1, TEMPLATE_UTILS, r"\Z", TEMPLATE_ADDITION)
+
+    with pytest.raises(UserMessageError, match="dirty; cannot continue") as excinfo:
+        update(project)
+    assert "\n" not in str(excinfo.value)
+    cli = subprocess.run(
+        [sys.executable, "-m", "copier", "update", "--defaults", str(project)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert cli.returncode != 0
+    assert cli.stderr.strip().splitlines()[-1].startswith("Destination repository is dirty")
+    assert "Traceback" not in cli.stderr
+    assert model.read_text().endswith("# not committed yet\n")
+    assert "template_release" not in (project / "src" / PACKAGE / "utils.py").read_text()
+
+
+# How many of the repository's own latest commits that render the history test replays.
+HISTORY_DEPTH = 5
+HISTORY_CANDIDATES = 12
+
+
+def files_without_commit(project: Path) -> dict[str, bytes]:
+    """Every file's bytes, with the answers file's `_commit` line left out."""
+    files = {}
+    for path in sorted(project.rglob("*")):
+        if path.is_file() and ".git" not in path.relative_to(project).parts:
+            data = path.read_bytes()
+            if path.name == ".copier-answers.yml":
+                data = re.sub(rb"(?m)^_commit:.*\n", b"", data)
+            files[str(path.relative_to(project))] = data
+    return files
+
+
+def test_update_from_earlier_commits_equals_a_fresh_copy(tmp_path):
+    """For this repository's latest commits that render, updating a project made from them to
+    the current working tree gives exactly the files of a fresh copy of the working tree."""
+    history = tmp_path / "history"
+    run(["git", "clone", "-q", "--no-checkout", ROOT, history], tmp_path)
+    for tag in git(history, "tag", "--list").split():
+        git(history, "tag", "-d", tag)  # our own version tags below must be the only ones
+    commits = git(history, "log", "--format=%H", f"-n{HISTORY_CANDIDATES}", "HEAD").split()
+    for age, commit in enumerate(commits):
+        git(history, "tag", f"v0.0.{len(commits) - age}", commit)
+    # The target: the working tree, as one more commit (the same content `vcs_ref=HEAD` renders).
+    current = copy_template_repo(tmp_path / "current")
+    git(history, "fetch", "-q", str(current), "main")
+    git(history, "tag", "v1.0.0", "FETCH_HEAD")
+
+    answers = {"project_name": "history-project"}
+    fresh = files_without_commit(render(tmp_path / "fresh", answers, src=history, vcs_ref="v1.0.0"))
+    replayed = []
+    for age, commit in enumerate(commits):
+        if len(replayed) == HISTORY_DEPTH:
+            break
+        old = tmp_path / f"old-{age}"
+        try:
+            render(old, answers, src=history, vcs_ref=f"v0.0.{len(commits) - age}")
+        except Exception:  # a commit from before the template rendered (or mid-refactor)
+            continue
+        git_init_commit(old, f"rendered from {commit}")
+        update(old, vcs_ref="v1.0.0", conflict="inline")
+        updated = files_without_commit(old)
+        assert sorted(updated) == sorted(fresh), f"file list differs after update from {commit}"
+        differing = [name for name in fresh if updated[name] != fresh[name]]
+        assert not differing, f"update from {commit[:10]} differs from a fresh copy: {differing}"
+        replayed.append(commit)
+    assert replayed, "no earlier commit of this repository renders"
