@@ -69,6 +69,26 @@ MUTATIONS = [
         "test_utils_anomaly.py",
     ),
     Mutation(
+        "anomaly-wraps-only-backward",  # the article's pattern, behind the same API
+        "    return torch.autograd.detect_anomaly(check_nan=True)\n",
+        "    return _backward_only()\n"
+        "\n\n"
+        "@contextlib.contextmanager\n"
+        "def _backward_only():\n"
+        "    original = torch.Tensor.backward\n"
+        "\n"
+        "    def backward(self, *args, **kwargs):\n"
+        "        with torch.autograd.detect_anomaly(check_nan=True):\n"
+        "            return original(self, *args, **kwargs)\n"
+        "\n"
+        "    torch.Tensor.backward = backward\n"
+        "    try:\n"
+        "        yield\n"
+        "    finally:\n"
+        "        torch.Tensor.backward = original\n",
+        "test_utils_anomaly.py",
+    ),
+    Mutation(
         "anomaly-enabled-on-construction",
         "    return torch.autograd.detect_anomaly(check_nan=True)\n",
         "    return torch.autograd.set_detect_anomaly(True, check_nan=True)\n",
@@ -215,18 +235,20 @@ def outcomes(
     """Run every selected mutation once, two at a time: each run is mostly torch's import."""
     selected = {
         item.callspec.params["mutation"].name
-        for item in request.session.items
         if hasattr(item, "callspec") and "mutation" in item.callspec.params
+        else item.name
+        for item in request.session.items
     }
     workdir = tmp_path_factory.mktemp("mutants")
     jobs = [m for m in MUTATIONS if m.name in selected]
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {m.name: pool.submit(_mutate_and_run, rendered_project, workdir, m) for m in jobs}
-        all_files = _utils_test_files(rendered_project)
-        unmutated = pool.submit(_run_tests, rendered_project, all_files)
-        done = {name: future.result() for name, future in futures.items()}
-        done[UNMUTATED] = Outcome(unmutated.result(), "")
-        return done
+        if "test_the_unmutated_utils_pass_their_tests" in selected:
+            files = _utils_test_files(rendered_project)
+            futures[UNMUTATED] = pool.submit(
+                lambda: Outcome(_run_tests(rendered_project, files), "")
+            )
+        return {name: future.result() for name, future in futures.items()}
 
 
 def test_every_mutation_targets_a_rendered_test_file(rendered_project: Path) -> None:

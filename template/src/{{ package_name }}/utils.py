@@ -23,6 +23,7 @@ import itertools
 import math
 import os
 import random
+import re
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -210,11 +211,13 @@ def diagnose_nonfinite(model: nn.Module, step_fn: Callable[[], Any]) -> str:
             try:
                 with anomaly_detection(True):
                     step_fn()
+            except NonFiniteLossError:
+                pass  # the step's own loss check; the hooks have recorded where the value went bad
             except RuntimeError as error:
-                message = str(error).splitlines()[0]
-                traceback_line = _forward_line_from_warnings(caught)
-                where = f" ({traceback_line})" if traceback_line else ""
-                findings.append(f"backward: {message}{where}")
+                message = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+                origin = _forward_origin(caught)
+                kind = "backward" if "returned nan values" in message else "error"
+                findings.append(f"{kind}: {message}" + (f" ({origin})" if origin else ""))
     finally:
         for handle in handles:
             handle.remove()
@@ -223,14 +226,33 @@ def diagnose_nonfinite(model: nn.Module, step_fn: Callable[[], Any]) -> str:
     return "; ".join(findings)
 
 
-def _forward_line_from_warnings(caught: Sequence[warnings.WarningMessage]) -> str:
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
+
+
+def _forward_origin(caught: Sequence[warnings.WarningMessage]) -> str:
+    """The forward line behind an anomaly: the innermost frame outside torch, plus torch's own."""
     for warning in caught:
         text = str(warning.message)
         if "Traceback of forward call" not in text:
             continue
-        frames = [line.strip() for line in text.splitlines() if line.strip().startswith("File ")]
-        if frames:
-            return "forward call at " + frames[-1].replace("File ", "", 1)
+        lines = text.splitlines()
+        frames = []
+        for index, line in enumerate(lines):
+            match = _FRAME.match(line)
+            if match:
+                following = lines[index + 1] if index + 1 < len(lines) else ""
+                code = "" if _FRAME.match(following) else following.strip()
+                frames.append((match["path"], match["line"], match["func"], code))
+        if not frames:
+            return ""
+        torch_dir = os.path.dirname(torch.__file__) + os.sep
+        user = [frame for frame in frames if not frame[0].startswith(torch_dir)]
+        path, line, func, code = user[-1] if user else frames[-1]
+        origin = f"forward call at {path}:{line} in {func}" + (f": {code}" if code else "")
+        if user and frames[-1] is not user[-1]:
+            inner = frames[-1]
+            origin += f" (inside torch at {os.path.basename(inner[0])}:{inner[1]} in {inner[2]})"
+        return origin
     return ""
 
 
