@@ -1,7 +1,8 @@
 """Task runner for the copier-pytorch template repository.
 
     nox -s demo      render a project with default answers into build/demo, train one epoch
-    nox              the full suite CI runs: tests (update tests included), lint, gpu
+    nox              the full suite CI runs (.ci/run): demo, tests (update tests included),
+                     lint, gpu
     nox -s tests     the template's pytest suite: rendering, answers, render matrix, update
     nox -s update    only the `copier update` tests
     nox -s gpu       render the answer matrix, run each project's GPU checks (skips without CUDA)
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import nox
+from nox.command import CommandFailed
 
 ROOT = Path(__file__).resolve().parent
 BUILD = ROOT / "build"
@@ -44,7 +46,9 @@ ENV_PACKAGES = [
 ]
 NO_CUDA = "no CUDA device: GPU checks skipped"
 
-nox.options.sessions = ["tests", "lint", "gpu"]
+# What CI runs (.ci/run names them explicitly, as the README does): the demo too, so the
+# README's first command is proven on every run.
+nox.options.sessions = ["demo", "tests", "lint", "gpu"]
 nox.options.error_on_missing_interpreters = True
 
 
@@ -165,13 +169,20 @@ def gpu(session: nox.Session) -> None:
 @nox.session(venv_backend="none", requires=["env"])
 def lint(session: nox.Session) -> None:
     """ruff over tests/, noxfile.py and the template's plain .py files, then every render."""
-    _ruff(session, ROOT)
-    for name, answers in MATRIX.items():
-        _ruff(session, _render(session, BUILD / "lint" / name, answers))
+    folders = [ROOT] + [_render(session, BUILD / "lint" / n, a) for n, a in MATRIX.items()]
+    # Every folder is checked before failing, so one run shows every problem.
+    failed = [str(folder) for folder in folders if not _ruff_passes(session, folder)]
+    if failed:
+        session.error(f"ruff found problems in: {', '.join(failed)}")
 
 
-def _ruff(session: nox.Session, folder: Path) -> None:
+def _ruff_passes(session: nox.Session, folder: Path) -> bool:
     # From inside the folder, so ruff uses that folder's pyproject.toml (a render's own rules).
     session.chdir(folder)
-    _run(session, "-m", "ruff", "check", ".")
-    _run(session, "-m", "ruff", "format", "--check", ".")
+    passed = True
+    for command in (["check", "."], ["format", "--check", "."]):
+        try:
+            _run(session, "-m", "ruff", *command)
+        except CommandFailed:
+            passed = False
+    return passed
