@@ -18,6 +18,7 @@ code in your own modules rather than editing it, so updates apply cleanly.
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import itertools
 import math
@@ -27,7 +28,7 @@ import re
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch import nn
@@ -55,8 +56,6 @@ __all__ = [
     "tune_num_workers",
     "unwrap_model",
 ]
-
-T = TypeVar("T")
 
 # --------------------------------------------------------------------------------------------
 # 1. Seeding and determinism
@@ -415,7 +414,7 @@ def _batch_len(batch: Any) -> int:
     raise TypeError(f"cannot tell the size of a batch of type {type(batch).__name__}")
 
 
-def to_device(batch: T, device: torch.device | str) -> T:
+def to_device(batch: Any, device: torch.device | str) -> Any:
     """Move every tensor in a (nested) tuple, list or dict to `device`, keeping the structure.
 
     Host-to-device copies use `non_blocking=True`: the copy is queued and the CPU moves on,
@@ -424,13 +423,17 @@ def to_device(batch: T, device: torch.device | str) -> T:
     can be read before it has landed.
     """
     if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=batch.device.type == "cpu")  # type: ignore[return-value]
+        return batch.to(device, non_blocking=batch.device.type == "cpu")
     if isinstance(batch, Mapping):
         moved = {k: to_device(v, device) for k, v in batch.items()}
+        if isinstance(batch, dict):
+            copied = copy.copy(batch)  # keeps a dict subclass and its state (defaultdict)
+            copied.update(moved)
+            return copied
         try:
             return type(batch)(moved)  # type: ignore[call-arg]
-        except TypeError:  # a Mapping that cannot be built from a dict (e.g. defaultdict)
-            return moved  # type: ignore[return-value]
+        except TypeError:  # a read-only Mapping that cannot be built from a dict
+            return moved
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
         return type(batch)(*(to_device(v, device) for v in batch))
     if isinstance(batch, (tuple, list)):
