@@ -26,6 +26,7 @@ import contextlib
 import copy
 import dataclasses
 import datetime
+import functools
 import io
 import json
 import math
@@ -107,44 +108,54 @@ class Context:
 # --------------------------------------------------------------------------------------------
 
 
-def measure(
-    fn: Callable[[], Any],
+def measure_many(
+    fns: dict[str, Callable[[], Any]],
     ctx: Context,
     *,
     warmup: int | None = None,
     number: int | None = None,
     keep_times: bool = False,
-) -> dict[str, Any]:
-    """Median and IQR of `fn()` in seconds, with the thread count a real run uses.
+) -> dict[str, dict[str, Any]]:
+    """Median and IQR, in seconds, of each `fn()`, timed in interleaved rounds.
 
-    `Timer` defaults to one thread, which would understate multi-threaded CPU kernels; it
-    synchronizes CUDA around each block, so queued kernels are counted. At least
-    `ctx.min_runs` blocks are timed, so even a slow statement gets a spread. `number` fixes the
-    calls per block (otherwise `blocked_autorange` chooses it) and then blocks are timed
-    for `min_run_time` seconds.
+    Each round gives every function a `blocked_autorange` of `min_run_time / min_runs`
+    seconds (or, with `number`, one block of that many calls), one function after the other.
+    Interleaving matters for the ratios: a machine that slows down halfway (another job,
+    thermal throttling) slows every contender alike instead of whichever ran last.
+    `Timer` gets the thread count a real run uses (it defaults to one, which would understate
+    multi-threaded CPU kernels) and synchronizes CUDA around each block.
     """
-    for _ in range(ctx.warmup if warmup is None else warmup):
-        fn()
-    timer = torch_benchmark.Timer(
-        stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads()
-    )
-    times: list[float] = []
-    budget = ctx.min_run_time
-    if number is None:
-        result = timer.blocked_autorange(min_run_time=ctx.min_run_time)
-        times, number, budget = list(result.times), result.number_per_run, 0.0
+    timers = {}
+    for name, fn in fns.items():
+        for _ in range(ctx.warmup if warmup is None else warmup):
+            fn()
+        timers[name] = torch_benchmark.Timer(
+            stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads()
+        )
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    round_time = ctx.min_run_time / ctx.min_runs
     start = time.perf_counter()
-    while len(times) < ctx.min_runs or time.perf_counter() - start < budget:
-        times.extend(timer.timeit(number).times)
-    stats = quartiles(times)
-    timing: dict[str, Any] = {
-        "median_s": stats["median"],
-        "iqr_s": stats["iqr"],
-        "runs": len(times),
-    }
-    if keep_times:
-        timing["times_s"] = times
-    return timing
+    budget = ctx.min_run_time * len(fns)
+    while (
+        min(len(t) for t in times.values()) < ctx.min_runs or time.perf_counter() - start < budget
+    ):
+        for name, timer in timers.items():
+            if number is None:
+                times[name].extend(timer.blocked_autorange(min_run_time=round_time).times)
+            else:
+                times[name].extend(timer.timeit(number).times)
+    results = {}
+    for name, values in times.items():
+        stats = quartiles(values)
+        results[name] = {"median_s": stats["median"], "iqr_s": stats["iqr"], "runs": len(values)}
+        if keep_times:
+            results[name]["times_s"] = values
+    return results
+
+
+def measure(fn: Callable[[], Any], ctx: Context, **kwargs: Any) -> dict[str, Any]:
+    """`measure_many` for a single function."""
+    return measure_many({"fn": fn}, ctx, **kwargs)["fn"]
 
 
 def quartiles(values: Sequence[float]) -> dict[str, float]:
@@ -380,11 +391,23 @@ def section_pin_memory(ctx: Context) -> dict[str, Any]:
     nbytes = sum(t.numel() * t.element_size() for t in pinned)
     device = ctx.device
 
-    copy_pageable = measure(lambda: [t.to(device) for t in pageable], ctx)
-    copy_pinned = measure(lambda: utils.to_device(pinned, device), ctx)
+    copies = measure_many(
+        {
+            "pageable": lambda: [t.to(device) for t in pageable],
+            "pinned": lambda: utils.to_device(pinned, device),
+        },
+        ctx,
+    )
+    copy_pageable, copy_pinned = copies["pageable"], copies["pinned"]
     step = make_step(fresh_model(ctx), ctx)
-    step_pageable = measure(lambda: step(*[t.to(device) for t in pageable]), ctx)
-    step_pinned = measure(lambda: step(*utils.to_device(pinned, device)), ctx)
+    steps = measure_many(
+        {
+            "pageable": lambda: step(*[t.to(device) for t in pageable]),
+            "pinned": lambda: step(*utils.to_device(pinned, device)),
+        },
+        ctx,
+    )
+    step_pageable, step_pinned = steps["pageable"], steps["pinned"]
     rows = [
         [
             "copy one batch",
@@ -454,7 +477,6 @@ def section_compile(ctx: Context) -> dict[str, Any]:
 
     eager_step = make_step(fresh_model(ctx), ctx)
     eager_first = first_call(eager_step)
-    eager = measure(lambda: eager_step(inputs, targets), ctx)
 
     torch._dynamo.reset()  # a fresh compile, not one cached by an earlier section
     compiled_model = utils.maybe_compile(fresh_model(ctx), True, mode=mode, backend=backend)
@@ -463,9 +485,16 @@ def section_compile(ctx: Context) -> dict[str, Any]:
         compiled_first = first_call(compiled_step)
     except Exception as error:  # e.g. inductor without a C++ compiler
         raise Skip(f"torch.compile (backend {backend}) failed here: {first_line(error)}") from None
-    # One more warm-up call than eager: Dynamo may recompile once (e.g. for the grads'
-    # first appearance in the optimizer state).
-    compiled = measure(lambda: compiled_step(inputs, targets), ctx, warmup=ctx.warmup + 1)
+    # One more warm-up call than usual: Dynamo may recompile once after the first step.
+    timings = measure_many(
+        {
+            "eager": lambda: eager_step(inputs, targets),
+            "compiled": lambda: compiled_step(inputs, targets),
+        },
+        ctx,
+        warmup=ctx.warmup + 1,
+    )
+    eager, compiled = timings["eager"], timings["compiled"]
     torch._dynamo.reset()
     speedup = ratio(eager, compiled)
     rows = [
@@ -557,12 +586,11 @@ def section_evaluation(ctx: Context) -> dict[str, Any]:
         "no_grad": torch.no_grad,
         "grad enabled": torch.enable_grad,
     }
-    results = {}
-    for name, mode in modes.items():
-        run = forward_under(mode)
-        timing = measure(run, ctx)
-        memory = peak_memory(run, ctx.device)
-        results[name] = {"time": timing, **memory}
+    runs = {name: forward_under(mode) for name, mode in modes.items()}
+    timings = measure_many(runs, ctx)
+    results = {
+        name: {"time": timings[name], **peak_memory(run, ctx.device)} for name, run in runs.items()
+    }
     base = results["inference_mode"]["time"]
     rows = []
     for name, r in results.items():
@@ -594,20 +622,23 @@ def section_evaluation(ctx: Context) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def deterministic_mode() -> Iterator[list[str]]:
-    """Deterministic kernels on (warn_only, collecting the ops that have none), then restore."""
+def deterministic_mode(unsupported: list[str]) -> Iterator[None]:
+    """Deterministic kernels on (warn_only), then the previous settings back.
+
+    Ops without a deterministic kernel run their default one and warn; their messages are
+    collected into `unsupported` so the report can name them.
+    """
     previous = (
         torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(),
         torch.backends.cudnn.benchmark,
         torch.backends.cudnn.deterministic,
     )
-    unsupported: list[str] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         utils.set_deterministic(True, warn_only=True)
         try:
-            yield unsupported
+            yield
         finally:
             torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
             torch.backends.cudnn.benchmark = previous[2]
@@ -621,23 +652,27 @@ def deterministic_mode() -> Iterator[list[str]]:
 def section_debug_switches(ctx: Context) -> dict[str, Any]:
     inputs, targets = device_batch(ctx)
     clip = ctx.config.grad_clip if ctx.config.grad_clip is not None else 1.0
-    off_step = make_step(fresh_model(ctx), ctx)
-    off = measure(lambda: off_step(inputs, targets), ctx)
-    anomaly_step = make_step(fresh_model(ctx), ctx, anomaly=True)
-    with warnings.catch_warnings():
-        # Its "will increase the runtime" warning is what this row measures.
-        warnings.filterwarnings("ignore", message="Anomaly Detection has been enabled")
-        anomaly = measure(lambda: anomaly_step(inputs, targets), ctx)
-    clip_step = make_step(fresh_model(ctx), ctx, clip=clip)
-    clipping = measure(lambda: clip_step(inputs, targets), ctx)
-    det_step = make_step(fresh_model(ctx), ctx)
-    with deterministic_mode() as unsupported:
-        deterministic = measure(lambda: det_step(inputs, targets), ctx)
-    switches = {
-        "anomaly_detection": anomaly,
-        "deterministic": deterministic,
-        f"clip_grad_norm (max_norm={clip:g})": clipping,
+    clip_name = f"clip_grad_norm (max_norm={clip:g})"
+    steps = {
+        "all off": make_step(fresh_model(ctx), ctx),
+        "anomaly_detection": make_step(fresh_model(ctx), ctx, anomaly=True),
+        "deterministic": make_step(fresh_model(ctx), ctx),
+        clip_name: make_step(fresh_model(ctx), ctx, clip=clip),
     }
+    unsupported: list[str] = []
+
+    def deterministic_step() -> None:
+        with deterministic_mode(unsupported):
+            steps["deterministic"](inputs, targets)
+
+    fns = {name: functools.partial(step, inputs, targets) for name, step in steps.items()}
+    fns["deterministic"] = deterministic_step
+    with warnings.catch_warnings():
+        # Its "will increase the runtime" warning is what this section measures.
+        warnings.filterwarnings("ignore", message="Anomaly Detection has been enabled")
+        timings = measure_many(fns, ctx)
+    off = timings.pop("all off")
+    switches = timings
     rows = [["all off", fmt_timing(off), "1.00"]]
     rows += [[name, fmt_timing(t), f"{ratio(t, off):.2f}"] for name, t in switches.items()]
     notes = []
