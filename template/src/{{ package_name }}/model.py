@@ -63,5 +63,7 @@ def build_model(
     if name == "cnn":
         return ConvNet(in_channels, num_classes, width=width, dropout=dropout)
     if name == "mlp":
-        return MLP(in_channels * image_size * image_size, num_classes, width=8 * width, dropout=dropout)
+        return MLP(
+            in_channels * image_size * image_size, num_classes, width=8 * width, dropout=dropout
+        )
     raise ValueError(f"unknown model {name!r}; choose cnn or mlp")

@@ -1,0 +1,214 @@
+"""Checkpoints: full training state, written atomically, read back with `weights_only=True`.
+
+A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts, so it loads with
+`torch.load(..., weights_only=True)`, which cannot run code hidden in a file (plain pickle
+can). The model is saved unwrapped (no `_orig_mod.` or `module.` prefixes), so the file loads
+into a plain `build_model(...)` for inference.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT_VERSION = 1
+REQUIRED_KEYS = (
+    "format",
+    "model",
+    "optimizer",
+    "scheduler",
+    "scaler",
+    "rng",
+    "epoch",
+    "samples_in_epoch",
+    "step",
+    "config",
+)
+# Config fields that decide the shapes in the state dict: a mismatch is a clear error up front.
+MODEL_FIELDS = ("model", "width", "image_size", "num_classes", "data_dir")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, unreadable, or does not fit this run."""
+
+
+def save_checkpoint(state: dict[str, Any], path: Path) -> None:
+    """Write `state` to `path` atomically: a crash mid-write never leaves a half-written file.
+
+    torch.save goes to a temporary file in the same folder (same filesystem, so the rename is
+    atomic), is flushed to disk, and then replaces `path` in one `os.replace`.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            torch.save(state, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def copy_checkpoint(source: Path, target: Path) -> None:
+    """Copy a finished checkpoint file atomically (used for best.pt)."""
+    handle, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(handle)
+    try:
+        shutil.copyfile(source, tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
+    """Read a checkpoint with `weights_only=True`; anything wrong raises CheckpointError."""
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as error:  # corrupt zip, truncated file, foreign pickle: all one answer
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt or not a checkpoint of this project ({first}); "
+            "delete it to start over or pass --resume with another file"
+        ) from None
+    if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
+        raise CheckpointError(
+            f"checkpoint {path} lacks training state (expected keys "
+            f"{', '.join(REQUIRED_KEYS)}); was it saved by another program?"
+        )
+    if state["format"] != FORMAT_VERSION:
+        raise CheckpointError(
+            f"checkpoint {path} has format {state['format']}, this code "
+            f"reads format {FORMAT_VERSION}"
+        )
+    return state
+
+
+def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
+    """`--resume auto` means run_dir's last.pt if there is one (else a fresh start)."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        last = run_dir / "checkpoints" / "last.pt"
+        return last if last.is_file() else None
+    path = Path(resume)
+    if not path.is_file():
+        raise CheckpointError(f"--resume {path}: no such checkpoint file")
+    return path
+
+
+def check_compatible(state: dict[str, Any], config: dict[str, Any], path: Path) -> None:
+    """Refuse a checkpoint whose model-shaping settings differ from this run's."""
+    saved = state["config"]
+    for name in MODEL_FIELDS:
+        if saved.get(name) != config.get(name):
+            flag = "--" + name.replace("_", "-")
+            raise CheckpointError(
+                f"checkpoint {path} was saved with {flag} {saved.get(name)} but this run has "
+                f"{flag} {config.get(name)}; use the same setting or a new --run-dir"
+            )
+
+
+def load_state_into(target: Any, state: dict[str, Any], what: str, path: Path) -> None:
+    """`target.load_state_dict(state)` with a one-line error if the shapes do not fit."""
+    try:
+        target.load_state_dict(state)
+    except (RuntimeError, ValueError, KeyError) as error:
+        first = str(error).strip().splitlines()[0]
+        raise CheckpointError(
+            f"checkpoint {path}: the saved {what} does not fit this run ({first})"
+        ) from None
+
+
+def capture_rng_state(device: torch.device) -> dict[str, Any]:
+    """RNG states as weights_only-safe types (tensors, tuples, ints), to resume exactly."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+    except ImportError:
+        pass
+    else:
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        state["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, gauss)
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    """Inverse of `capture_rng_state`."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        try:
+            import numpy as np
+        except ImportError:
+            pass
+        else:
+            kind, keys, pos, has_gauss, cached = state["numpy"]
+            np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+# --------------------------------------------------------------------------------------------
+# Preemption: SIGTERM / SIGINT become "save at the next step boundary and stop"
+# --------------------------------------------------------------------------------------------
+
+
+class Interrupted(Exception):
+    """Training stopped on a signal after saving a checkpoint; `--resume auto` continues."""
+
+    def __init__(self, signum: int, step: int, path: Path | None):
+        name = signal.Signals(signum).name
+        saved = f"checkpoint saved to {path}" if path is not None else "rank 0 saved the checkpoint"
+        super().__init__(
+            f"stopped by {name} at step {step}; {saved}; continue with "
+            "--resume auto and the same --run-dir"
+        )
+        self.signum = signum
+        self.exit_code = 128 + signum  # the shell's convention for "ended by a signal"
+
+
+class StopSignal:
+    """Context manager: the first SIGTERM/SIGINT sets `signum`; the loop checks it per step.
+
+    Cluster schedulers send SIGTERM some time before they kill a job. Saving from inside the
+    handler could catch the loop half-way through an optimizer step; a flag read at the step
+    boundary saves a consistent state instead. A second signal stops at once.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignal:
+        # signal.signal only works in the main thread (e.g. not when a benchmark runs train()
+        # in a thread); there the run simply cannot be stopped this way.
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum

@@ -1,0 +1,86 @@
+"""torchrun / DDP plumbing: who am I, which device is mine, and reductions across ranks.
+
+Launched with `torchrun`, the environment holds RANK, WORLD_SIZE, LOCAL_RANK and
+LOCAL_WORLD_SIZE; without it, everything here degrades to a single process and the
+reductions do nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import utils
+
+
+@dataclass(frozen=True)
+class Context:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+
+    @property
+    def enabled(self) -> bool:
+        return dist.is_available() and dist.is_initialized()
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 alone logs, shows progress and writes checkpoints."""
+        return self.rank == 0
+
+
+def setup(device_name: str) -> Context:
+    """Join the torchrun process group if there is one: NCCL on CUDA, gloo on CPU.
+
+    Each rank drives the GPU numbered by its LOCAL_RANK on this node.
+    """
+    if "RANK" not in os.environ:
+        return Context(0, 1, 0, 1, utils.resolve_device(device_name))
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    wants_cuda = device_name in ("auto", "cuda") or device_name.startswith("cuda:")
+    if wants_cuda and torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    elif device_name in ("auto", "cpu"):
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    else:
+        raise ValueError(
+            f"--device {device_name} is not available for a torchrun run "
+            "(DDP here supports CUDA with NCCL and CPU with gloo)"
+        )
+    return Context(rank, world_size, local_rank, local_world_size, device)
+
+
+def cleanup() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """Reduce `tensor` in place across ranks (a no-op in a single process); returns it."""
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return tensor
+
+
+def broadcast_buffers(model: nn.Module) -> None:
+    """Copy rank 0's buffers (BatchNorm running statistics) to every rank.
+
+    DDP syncs buffers at the start of each training forward, so after the last forward of an
+    epoch every rank holds statistics of its own last batch. Evaluating with those would give
+    each rank a slightly different model; this makes evaluation and the saved state agree.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    for buffer in model.buffers():
+        dist.broadcast(buffer, src=0)
