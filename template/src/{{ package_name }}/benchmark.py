@@ -481,19 +481,28 @@ def section_compile(ctx: Context) -> dict[str, Any]:
     torch._dynamo.reset()  # a fresh compile, not one cached by an earlier section
     compiled_model = utils.maybe_compile(fresh_model(ctx), True, mode=mode, backend=backend)
     compiled_step = make_step(compiled_model, ctx)
-    try:
-        compiled_first = first_call(compiled_step)
-    except Exception as error:  # e.g. inductor without a C++ compiler
-        raise Skip(f"torch.compile (backend {backend}) failed here: {first_line(error)}") from None
-    # One more warm-up call than usual: Dynamo may recompile once after the first step.
-    timings = measure_many(
-        {
-            "eager": lambda: eager_step(inputs, targets),
-            "compiled": lambda: compiled_step(inputs, targets),
-        },
-        ctx,
-        warmup=ctx.warmup + 1,
-    )
+    with contextlib.ExitStack() as stack:
+        if backend == "inductor":
+            # Inductor keeps compiled kernels in an on-disk cache, so a second benchmark run
+            # would report a first call that a user's first run never sees: measure it cold.
+            from torch._inductor import config as inductor_config
+
+            stack.enter_context(inductor_config.patch(force_disable_caches=True))
+            notes.append("first compiled call measured with inductor's caches disabled (cold)")
+        try:
+            compiled_first = first_call(compiled_step)
+        except Exception as error:  # e.g. inductor without a C++ compiler
+            reason = f"torch.compile (backend {backend}) failed here: {first_line(error)}"
+            raise Skip(reason) from None
+        # One more warm-up call than usual: Dynamo may recompile once after the first step.
+        timings = measure_many(
+            {
+                "eager": lambda: eager_step(inputs, targets),
+                "compiled": lambda: compiled_step(inputs, targets),
+            },
+            ctx,
+            warmup=ctx.warmup + 1,
+        )
     eager, compiled = timings["eager"], timings["compiled"]
     torch._dynamo.reset()
     speedup = ratio(eager, compiled)
