@@ -1036,13 +1036,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--min-run-time",
         type=float,
-        default=None,
+        default=argparse.SUPPRESS,  # no "(default: None)": the default depends on --quick
         help="seconds each timing runs (default 0.05 with --quick, 1.0 otherwise)",
     )
     group.add_argument(
         "--loop-steps",
         type=int,
-        default=None,
+        default=argparse.SUPPRESS,
         help="measured steps per loop in section 6 (default 8 quick, 40 otherwise)",
     )
 
@@ -1062,6 +1062,8 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     config, args = parse_config(argv, parser=parser)
     selected = parse_sections(args.sections, parser)
+    args.min_run_time = getattr(args, "min_run_time", None)
+    args.loop_steps = getattr(args, "loop_steps", None)
     if args.min_run_time is not None and args.min_run_time <= 0:
         parser.error(f"--min-run-time must be > 0, got {args.min_run_time}")
     if args.loop_steps is not None and args.loop_steps < 2:
@@ -1073,6 +1075,11 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     data_dir = Path(config.data_dir) if config.data_dir is not None else None
+    if data_dir is not None:
+        try:  # a --data-dir given on purpose must be readable: say so now, not in section 1
+            build_datasets(config)
+        except ValueError as error:
+            parser.error(str(error))
 
     utils.seed_everything(config.seed)
     torch.backends.cudnn.benchmark = config.cudnn_benchmark
