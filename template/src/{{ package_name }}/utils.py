@@ -541,7 +541,7 @@ def clip_gradients(
             raise ValueError("clip_gradients needs the optimizer to unscale fp16 gradients")
         scaler.unscale_(optimizer)
         error_if_nonfinite = False
-    if max_norm is None or math.isinf(max_norm):
+    if max_norm is None or max_norm == math.inf:
         return torch.nn.utils.get_total_norm(
             [p.grad for p in params], norm_type, error_if_nonfinite=error_if_nonfinite
         )
@@ -610,3 +610,5 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+    elif device.type == "xpu":
+        torch.xpu.synchronize(device)
