@@ -30,6 +30,7 @@ import functools
 import io
 import json
 import math
+import os
 import platform
 import re
 import statistics
@@ -968,7 +969,25 @@ def describe_machine(device: torch.device, quick: bool) -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "quick": quick,
+        "load_average_at_start": load_average(),
     }
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (None where the OS has none): how busy the machine was."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def busy_note(load: float | None, cpus: int) -> str | None:
+    if load is None or load < 0.5 * cpus:
+        return None
+    return (
+        f"note: load average {load:.1f} on {cpus} CPUs: other programs compete for the CPU, "
+        "so timings are noisy (compare the IQRs before trusting a ratio)"
+    )
 
 
 def write_chart(report: dict[str, Any], path: Path) -> str:
@@ -1124,16 +1143,26 @@ def main(argv: list[str] | None = None) -> int:
         f"image {config.image_size}, precision {config.precision}; "
         "each time is median ± IQR"
     )
+    note = busy_note(machine["load_average_at_start"], machine["cpus_available"])
+    if note:
+        print(note)
     sections = []
     for number in SECTIONS:
         section = run_section(number, ctx, selected)
         ctx.results[number] = section
         print_section(section)
         sections.append(section)
+    machine["load_average_at_end"] = load_average()
     report = {"machine": machine, "config": config.to_dict(), "sections": sections}
     path = out / "benchmark.json"
     path.write_text(json.dumps(report, indent=2, default=str) + "\n")
     print(f"\nresults: {path}")
+    if machine["load_average_at_end"] is not None:
+        print(
+            f"load average: {machine['load_average_at_start']:.1f} at start, "
+            f"{machine['load_average_at_end']:.1f} at end (this run counts for up to "
+            f"{machine['torch_threads']}) on {machine['cpus_available']} CPUs"
+        )
     print(write_chart(report, out / "benchmark.png"))
     failed = [s for s in sections if s["status"] == "failed"]
     return 1 if failed else 0
