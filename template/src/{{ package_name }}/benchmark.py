@@ -986,7 +986,8 @@ def busy_note(load: float | None, cpus: int) -> str | None:
         return None
     return (
         f"note: load average {load:.1f} on {cpus} CPUs: other programs compete for the CPU, "
-        "so timings are noisy (compare the IQRs before trusting a ratio)"
+        "so timings are noisy (compare the IQRs before trusting a ratio); multi-threaded "
+        "kernels suffer most, as their threads wait for each other"
     )
 
 
