@@ -21,13 +21,14 @@ pytestmark = pytest.mark.matrix
 
 @pytest.mark.parametrize("name", list(MATRIX))
 def test_installs_and_passes_its_cpu_suite(rendered, name):
-    check_project(rendered[name], slow=name == SLOW_RENDER)
+    python_version = MATRIX[name]["python_version"]
+    check_project(rendered[name], slow=name == SLOW_RENDER, python_version=python_version)
 
 
 @pytest.mark.parametrize("name", list(MATRIX))
 def test_trains_one_epoch(rendered, name, tmp_path):
     # Installed by the previous test; installing again is cheap and keeps this one standalone.
-    pip_install_editable(rendered[name])
+    pip_install_editable(rendered[name], python_version=MATRIX[name]["python_version"])
     package = package_name(MATRIX[name])
     small = ["--train-samples", "1024", "--val-samples", "256"]  # one epoch, in seconds
     command = [sys.executable, "-m", f"{package}.train", "--epochs", "1", *small]

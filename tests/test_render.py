@@ -123,3 +123,20 @@ def test_default_answers_derive_the_package_name(tmp_path):
     assert answers["package_name"] == "cool_model_v2"
     assert (project / "src" / "cool_model_v2" / "train.py").is_file()
     assert pyproject(project)["project"]["name"] == "cool-model.v2"
+
+
+def test_matrix_gives_every_choice_each_of_its_values():
+    """The matrix is only as good as its coverage: a new choice or value must be added to it."""
+    config = yaml.safe_load((ROOT / "copier.yml").read_text())
+    for question, spec in config.items():
+        if question.startswith("_") or not isinstance(spec, dict):
+            continue
+        if spec.get("type") == "bool":
+            values = {True, False}
+        elif "choices" in spec:
+            choices = spec["choices"]
+            values = set(choices.values() if isinstance(choices, dict) else choices)
+        else:
+            continue
+        used = {answers.get(question) for answers in MATRIX.values()}
+        assert values <= used, f"matrix misses {question} = {sorted(map(str, values - used))}"
