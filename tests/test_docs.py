@@ -17,11 +17,14 @@ How "every command shown in the docs was run by a test or by CI" is enforced
    - EXECUTED HERE, in document order, in a copy of the rendered project:
      `python -m my_torch_project.<module>` (in one worker process that imports torch once,
      with SHRINK flags appended that only make the data small: the flags the page shows are
-     all parsed and used), `torchrun --standalone` (two CPU processes over gloo),
-     `copier copy/update/check-update` (the template source rewritten to this checkout, with
-     `--defaults` so it cannot wait for input), `nox --no-venv -s <session>` for the project's
-     cheap sessions, `grep`, `ps`, `python -c`. Each must exit 0, except a ```console command
-     whose promised output is checked and found.
+     all parsed and used), `copier copy/update/check-update` (the template source rewritten
+     to a one-commit copy of this checkout, with `--defaults` so it cannot wait for input),
+     `nox --no-venv -s <session>` for the project's cheap sessions, `git`, `grep`, `ps`,
+     `python -c`. Each must exit 0, except a ```console command whose promised output is
+     checked and found. Commands that cannot see each other's output run side by side.
+   - RUN BY THE GENERATED SUITE (which the render matrix runs in CI): the benchmark (minutes)
+     and single-node `torchrun`, when a test of the rendered project runs the same module with
+     every flag the page shows.
    - RUN BY CI: `nox -s S` for the template (S must be a session of ./noxfile.py that .ci/run
      runs), `pip install ...`, `python -m pytest ...`, `ruff ...`, `mkdocs ...` (the same
      command, or the same install, appears in .ci/run, a noxfile or the generated CI workflow).
@@ -126,7 +129,8 @@ SHRINK = [
 PROFILE_SHRINK = ["--profile-wait", "0", "--profile-warmup", "1", "--profile-steps", "1"]
 SHRINK_BY_MODULE = {"train": SHRINK, "profiling": [*SHRINK, *PROFILE_SHRINK]}
 # Too slow to run here (minutes); a test of the generated project must run it with the same flags.
-COVERED_BY_PROJECT_TESTS = {f"{PACKAGE}.benchmark"}
+# (single-node torchrun starts three torch processes: the generated suite runs it already).
+COVERED_BY_PROJECT_TESTS = {f"{PACKAGE}.benchmark", "torch.distributed.run"}
 # Project nox sessions cheap enough to execute here with --no-venv (the `tests` session is the
 # project's whole suite, which the render matrix runs: tests/test_matrix.py).
 CHEAP_PROJECT_SESSIONS = {"gpu", "lint"}
@@ -449,6 +453,7 @@ class Runner:
 
     def __init__(self, base: Path, workspace: Path, page: Page):
         self.workspace = workspace
+        self.copies = 0
         self.project = workspace / "my-torch-project"
         shutil.copytree(base, self.project, ignore=shutil.ignore_patterns("__pycache__"))
         for name, content in page.files.items():
@@ -458,6 +463,17 @@ class Runner:
         git_init_commit(self.project)  # a clean tree, as `copier update` requires
         self.env = {**os.environ, "PYTHONPATH": str(self.project / "src")}
         self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env['PATH']}"
+
+    def isolated(self) -> Path:
+        """A fresh copy of the project, for a command that runs beside the others."""
+        self.copies += 1
+        target = self.workspace / f"isolated{self.copies}"
+        shutil.copytree(
+            self.project,
+            target,
+            ignore=shutil.ignore_patterns("runs", "profiles", "benchmarks", ".git"),
+        )
+        return target
 
     def module_step(self, module: str, args: list[str]) -> dict:
         short = module.rsplit(".", 1)[-1]
@@ -704,8 +720,11 @@ def test_every_command_in_the_docs_was_run(project, pages, template_repo, tmp_pa
                     checked.append(command)
                 continue
             module = words[2] if program == "python" and words[1:2] == ["-m"] else ""
+            args = words[3:]
+            if program == "torchrun":
+                module, args = "torch.distributed.run", words[1:]
             if module in COVERED_BY_PROJECT_TESTS:
-                problem = _covered_by_project_tests(command, module, words[3:], project)
+                problem = _covered_by_project_tests(command, module, args, project)
                 if problem:
                     problems.append(problem)
                 else:
@@ -730,12 +749,13 @@ def test_every_command_in_the_docs_was_run(project, pages, template_repo, tmp_pa
             checked.append(command)
 
     # Module commands run in one worker process, in page order. Meanwhile (two cores, two
-    # streams) copier and git commands run: they neither read nor write what module commands
-    # do. The other shell commands run after the worker, since they may read its output
+    # streams) the shell commands that cannot see what module commands write run: copier and
+    # git (they touch only tracked files), and commands that name no run output, each in a
+    # copy of its own. The rest run after the worker, since they may read its output
     # (metrics, checkpoints); nothing a module command needs comes from a shell command.
     driver = _start_driver(project, [step for _, step in module_steps])
-    independent = [item for item in later if _independent(item[2])]
-    for item in [*independent, None, *(i for i in later if not _independent(i[2]))]:
+    independent = [item for item in later if _independent(item)]
+    for item in [*independent, None, *(i for i in later if not _independent(i))]:
         if item is None:
             output, errors = driver.communicate(timeout=900)
             assert driver.returncode == 0, f"docs driver crashed:\n{errors[-3000:]}"
@@ -748,6 +768,8 @@ def test_every_command_in_the_docs_was_run(project, pages, template_repo, tmp_pa
             continue
         command, runner, words, env = item
         cwd = runner.project
+        if _independent(item) and not _touches_tracked_files_only(words):
+            cwd = runner.isolated()
         if words[:4] == [sys.executable, "-m", "copier", "copy"]:
             cwd = runner.workspace / "scratch"  # not over the example project
             cwd.mkdir(exist_ok=True)
@@ -788,8 +810,16 @@ def _start_driver(project: Path, steps: list[dict]) -> subprocess.Popen[str]:
     )
 
 
-def _independent(words: list[str]) -> bool:
+RUN_OUTPUTS = re.compile(r"runs/|metrics\.jsonl|checkpoints|profiles|benchmarks|--resume")
+
+
+def _touches_tracked_files_only(words: list[str]) -> bool:
     return words[:3] == [sys.executable, "-m", "copier"] or words[:1] == ["git"]
+
+
+def _independent(item: tuple[Command, Runner, list[str], dict[str, str]]) -> bool:
+    command, _, words, _ = item
+    return _touches_tracked_files_only(words) or not RUN_OUTPUTS.search(command.text)
 
 
 def _rewrite(words: list[str], template_repo: Path) -> list[str]:
@@ -811,9 +841,9 @@ def _rewrite(words: list[str], template_repo: Path) -> list[str]:
 def _covered_by_project_tests(
     command: Command, module: str, args: list[str], project: Path
 ) -> str | None:
-    """A command too slow to run here (a benchmark takes minutes) counts as run when a test of
-    the generated project, which the render matrix runs in CI, calls the same module with
-    every flag the docs show (values such as paths may differ)."""
+    """A command too slow to run here (a benchmark takes minutes, torchrun three processes)
+    counts as run when a test of the generated project, which the render matrix runs in CI,
+    calls the same module with every flag the docs show (values such as paths may differ)."""
     name = module.rsplit(".", 1)[-1]
     flags = {arg.split("=", 1)[0] for arg in args if arg.startswith("--")}
     for test in sorted((project / "tests").rglob("test_*.py")):
