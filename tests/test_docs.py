@@ -40,6 +40,7 @@ How "every command shown in the docs was run by a test or by CI" is enforced
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import os
 import re
@@ -703,7 +704,7 @@ def test_every_command_in_the_docs_was_run(project, pages, template_repo, tmp_pa
                 if cheap and " ".join(cheap) not in already_run:
                     already_run.add(" ".join(cheap))
                     runner = runner or Runner(project, tmp_path / f"page{page_index}", page)
-                    nox = [sys.executable, "-m", "nox", "--no-venv", "-s", *cheap]
+                    nox = [*_nox_command(), "--no-venv", "-s", *cheap]
                     later.append((command, runner, nox, env))
                 checked.append(command)
                 continue
@@ -795,6 +796,16 @@ def test_every_command_in_the_docs_was_run(project, pages, template_repo, tmp_pa
     for seconds, where in sorted(timings, reverse=True)[:10]:
         print(f"{seconds:6.1f} s  {where}")  # shown with -s or on failure: where the time goes
     assert not problems, "\n\n".join(problems)
+
+
+def _nox_command() -> list[str]:
+    """nox from this environment, else the one on PATH (CI installs nox outside the session's
+    environment, whose bin folder nox puts first on PATH, so --no-venv finds torch there)."""
+    if importlib.util.find_spec("nox") is not None:
+        return [sys.executable, "-m", "nox"]
+    found = shutil.which("nox")
+    assert found, "nox is neither importable here nor on PATH"
+    return [found]
 
 
 def _start_driver(project: Path, steps: list[dict]) -> subprocess.Popen[str]:
@@ -907,3 +918,18 @@ def _check_nox(command, words, template_sessions, ci_sessions, project_sessions)
                 "(template) nor a session of the generated noxfile"
             )
     return None
+
+
+def test_the_site_builds_in_strict_mode(tmp_path):
+    """What `nox -s docs` does: a dead link, a missing anchor or a page outside the nav fails."""
+    pytest.importorskip("material", reason="mkdocs-material is not installed here")
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        cwd=ROOT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "troubleshooting" / "index.html").is_file()
