@@ -713,7 +713,7 @@ def step_intervals(stamps: list[float], skip: int) -> list[float]:
 
 
 def section_loop_overhead(ctx: Context) -> dict[str, Any]:
-    from .train import train
+    from .train import lr_factor, train
 
     warmup = 3
     total_steps = ctx.loop_steps + warmup + 1
@@ -733,8 +733,10 @@ def section_loop_overhead(ctx: Context) -> dict[str, Any]:
         progress=False,
     )
 
-    # The bare loop: same initial weights, same data and loader settings, same precision and
-    # clipping, no logging, metrics, schedule or checkpoints.
+    # The bare loop: same initial weights, same data and loader settings, same precision,
+    # clipping and learning-rate schedule (a different schedule gives different weights, and
+    # on a CPU the values can change the speed), no logging, metrics or checkpoints.
+    schedule_steps = loop_config.epochs * (loop_config.max_steps_per_epoch or steps_per_epoch)
     workers = utils.resolve_num_workers(config.num_workers, in_memory=True)
 
     def bare_loop(steps: int) -> list[float]:
@@ -757,6 +759,10 @@ def section_loop_overhead(ctx: Context) -> dict[str, Any]:
         ).to(ctx.device)
         model.train()
         optimizer = make_optimizer(model, config, ctx.device)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer,
+            functools.partial(lr_factor, warmup=config.warmup_steps, total=schedule_steps),
+        )
         scaler = utils.make_grad_scaler(ctx.device, config.precision)
         batches = endless(loader)
         stamps: list[float] = []
@@ -773,6 +779,7 @@ def section_loop_overhead(ctx: Context) -> dict[str, Any]:
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
             utils.synchronize(ctx.device)
             stamps.append(time.perf_counter())
         batches.close()
