@@ -937,3 +937,34 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "troubleshooting" / "index.html").is_file()
+
+
+def test_every_copier_question_is_documented_with_its_default_and_choices():
+    """docs/questions.md against copier.yml: a new question, choice or default must reach it."""
+    questions = {
+        name: spec
+        for name, spec in yaml.safe_load((ROOT / "copier.yml").read_text()).items()
+        if not name.startswith("_") and isinstance(spec, dict) and spec.get("when") is not False
+    }
+    assert len(questions) >= 10, sorted(questions)
+    rows = {
+        match[1]: match[0]
+        for match in re.finditer(r"^\| `(\w+)` \|.*$", (DOCS / "questions.md").read_text(), re.M)
+    }
+    problems = []
+    for name, spec in questions.items():
+        row = rows.get(name)
+        if row is None:
+            problems.append(f"{name}: no row in docs/questions.md")
+            continue
+        choices = spec.get("choices") or []
+        for choice in choices.values() if isinstance(choices, dict) else choices:
+            if f"`{choice}`" not in row:
+                problems.append(f"{name}: choice {choice!r} not in its row")
+        default = spec.get("default")
+        if spec.get("type") == "bool":
+            if ("yes" if default else "no") not in row:
+                problems.append(f"{name}: default {default} not in its row")
+        elif isinstance(default, str) and "{{" not in default and default not in row:
+            problems.append(f"{name}: default {default!r} not in its row")
+    assert not problems, "\n".join(problems)
