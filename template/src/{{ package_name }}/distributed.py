@@ -66,6 +66,12 @@ def cleanup() -> None:
         dist.destroy_process_group()
 
 
+def barrier() -> None:
+    """Wait until every rank gets here (a no-op in a single process)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
 def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     """Reduce `tensor` in place across ranks (a no-op in a single process); returns it."""
     if dist.is_available() and dist.is_initialized():

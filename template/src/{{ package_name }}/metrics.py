@@ -39,7 +39,7 @@ class Meter:
 
     def add_batch(self, loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor) -> None:
         self.loss += loss.detach()
-        self.correct += (logits.detach().argmax(1) == targets).sum()
+        self.correct += (logits.argmax(1) == targets).sum()  # argmax records no graph
         self.batches += 1
         self.samples += targets.shape[0]
 
@@ -132,7 +132,9 @@ class MetricsWriter:
         if self._tensorboard is not None:
             kind, step = record.get("kind", "train"), record.get("step", 0)
             for key, value in record.items():
-                if key not in ("kind", "step", "epoch") and isinstance(value, (int, float)):
+                if key not in ("kind", "step", "epoch", "global_step") and isinstance(
+                    value, (int, float)
+                ):
                     self._tensorboard.add_scalar(f"{kind}/{key}", value, step)
 
     def close(self) -> None:

@@ -21,18 +21,20 @@ class ConvNet(nn.Module):
                 nn.Conv2d(cin, cout, kernel_size=3, padding=1, bias=False),
                 nn.BatchNorm2d(cout),
                 nn.ReLU(inplace=True),
-                nn.MaxPool2d(2),
+                # ceil_mode: a 1x1 map stays 1x1, so images as small as 1 pixel still work.
+                nn.MaxPool2d(2, ceil_mode=True),
             )
 
         self.features = nn.Sequential(
             block(in_channels, width), block(width, 2 * width), block(2 * width, 4 * width)
         )
-        self.pool = nn.AdaptiveAvgPool2d(1)
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(4 * width, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool(self.features(x)).flatten(1)
+        # Global average pooling as a mean: AdaptiveAvgPool2d(1) computes the same, but its CUDA
+        # backward has no deterministic kernel and would make --deterministic raise on GPUs.
+        x = self.features(x).mean(dim=(2, 3))
         return self.classifier(self.dropout(x))
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -220,7 +221,7 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
             model.train()
             meter.reset()
             for step_in_epoch in range(first_step, steps_per_epoch):
-                step_loss = torch.zeros((), device=device)
+                step_losses = []
                 micro_batches = []  # kept for one step only: the blow-up diagnosis re-runs them
                 for micro in range(accum):
                     with record_function("data"):
@@ -239,9 +240,10 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
                             logits = model(inputs)
                             loss = F.cross_entropy(logits, targets)
                         with record_function("backward"):
-                            scaler.scale(loss / accum).backward()
-                    step_loss += loss.detach()
-                    meter.add_batch(loss, logits, targets)
+                            # Average over micro-batches: the gradient of one big batch.
+                            scaler.scale(loss / accum if accum > 1 else loss).backward()
+                    step_losses.append(loss.detach())
+                    meter.add_batch(step_losses[-1], logits, targets)
 
                 with record_function("optimizer"):
                     grad_norm = utils.clip_gradients(
@@ -254,11 +256,13 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
                     # reaches the weights. Loss and norm share one flag, so one read. Under
                     # fp16 an inf gradient is routine (GradScaler skips that step), so only
                     # the loss counts there.
-                    healthy = torch.isfinite(step_loss)
-                    if not scaler.is_enabled():
-                        healthy &= torch.isfinite(grad_norm)
+                    step_loss = step_losses[0] if accum == 1 else torch.stack(step_losses).sum()
+                    # (loss + norm is finite exactly when both are: one kernel fewer.)
+                    healthy = torch.isfinite(
+                        step_loss if scaler.is_enabled() else step_loss + grad_norm
+                    )
                     blew_up, stop_now = _agree(healthy, stop.signum is not None, ctx, device)
-                    if blew_up:
+                    if blew_up:  # every rank got here: the verdict was all-reduced
                         raise _blow_up_error(
                             raw_model,
                             micro_batches,
@@ -300,9 +304,12 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
                     done = (step_in_epoch + 1) * samples_per_step
                     if ctx.is_main:
                         checkpoint.save_checkpoint(snapshot(epoch, done, epoch_totals), last_path)
+                    distributed.barrier()  # see the barrier at the end of train()
                     bar.close()
                     raise Interrupted(
-                        stop.signum or 15, global_step, last_path if ctx.is_main else None
+                        stop.signum or signal.SIGTERM,
+                        global_step,
+                        last_path if ctx.is_main else None,
                     )
             bar.close()
 
@@ -341,6 +348,9 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
                     checkpoint.copy_checkpoint(last_path, best_path)
             skip_samples = 0
 
+        # Rank 0 may still be writing the last checkpoint: a rank that tears the process
+        # group down meanwhile can leave the shutdown of the connections hanging.
+        distributed.barrier()
         result.pop("kind", None)
         result.setdefault("global_step", global_step)
         return result
@@ -414,6 +424,7 @@ def _blow_up_error(
             rerun_loss.backward()
 
     finding = utils.diagnose_nonfinite(model, rerun)
+    distributed.barrier()  # leave together: see the barrier at the end of train()
     what = "loss" if not math.isfinite(loss_value) else "gradient norm"
     kept = (
         f"the last good checkpoint {last_path} is untouched"
