@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -269,7 +269,7 @@ def write_image_folder(root: Path, *, classes: int, total: int, size: int) -> No
             Image.merge("RGB", channels).save(folder / f"{index:05d}.jpg", quality=90)
 
 
-def endless(loader: DataLoader[Any]) -> Iterator[Any]:
+def endless(loader: DataLoader[Any]) -> Generator[Any, None, None]:
     while True:
         yield from loader
 
@@ -708,8 +708,17 @@ def section_debug_switches(ctx: Context) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
-def step_intervals(stamps: list[float], skip: int) -> list[float]:
-    return [b - a for a, b in zip(stamps[skip:], stamps[skip + 1 :], strict=False)]
+Stamp = tuple[float, float]  # (wall clock, this process's CPU time) after an optimizer step
+
+
+def stamp() -> Stamp:
+    return time.perf_counter(), time.process_time()
+
+
+def step_intervals(stamps: list[Stamp], skip: int) -> list[Stamp]:
+    """Per-step (wall, CPU) durations, leaving out the first `skip` steps (warm-up)."""
+    pairs = zip(stamps[skip:], stamps[skip + 1 :], strict=False)
+    return [(b[0] - a[0], b[1] - a[1]) for a, b in pairs]
 
 
 def section_loop_overhead(ctx: Context) -> dict[str, Any]:
@@ -739,7 +748,8 @@ def section_loop_overhead(ctx: Context) -> dict[str, Any]:
     schedule_steps = loop_config.epochs * (loop_config.max_steps_per_epoch or steps_per_epoch)
     workers = utils.resolve_num_workers(config.num_workers, in_memory=True)
 
-    def bare_loop(steps: int) -> list[float]:
+    def bare_loop() -> tuple[Callable[[int], list[Stamp]], Generator[Any, None, None]]:
+        """A paused-and-resumed bare run: `run(n)` does the next n steps of the same run."""
         utils.seed_everything(config.seed)
         loader = utils.build_dataloader(
             train_set,
@@ -765,69 +775,105 @@ def section_loop_overhead(ctx: Context) -> dict[str, Any]:
         )
         scaler = utils.make_grad_scaler(ctx.device, config.precision)
         batches = endless(loader)
-        stamps: list[float] = []
-        for _ in range(steps):
-            for _ in range(config.grad_accum_steps):
-                inputs, targets = utils.to_device(next(batches), ctx.device)
-                with utils.autocast(ctx.device, config.precision):
-                    loss = F.cross_entropy(model(inputs), targets) / config.grad_accum_steps
-                scaler.scale(loss).backward()
-            if config.grad_clip is not None:
-                utils.clip_gradients(
-                    model.parameters(), config.grad_clip, scaler=scaler, optimizer=optimizer
-                )
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-            utils.synchronize(ctx.device)
-            stamps.append(time.perf_counter())
-        batches.close()
-        return step_intervals(stamps, warmup)
 
-    stamps: list[float] = []
+        def run(steps: int) -> list[Stamp]:
+            stamps = [stamp()]  # the start: the first interval is the first step
+            for _ in range(steps):
+                for _ in range(config.grad_accum_steps):
+                    inputs, targets = utils.to_device(next(batches), ctx.device)
+                    with utils.autocast(ctx.device, config.precision):
+                        loss = F.cross_entropy(model(inputs), targets) / config.grad_accum_steps
+                    scaler.scale(loss).backward()
+                if config.grad_clip is not None:
+                    utils.clip_gradients(
+                        model.parameters(), config.grad_clip, scaler=scaler, optimizer=optimizer
+                    )
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+                scheduler.step()
+                utils.synchronize(ctx.device)
+                stamps.append(stamp())
+            return stamps
+
+        return run, batches
+
+    stamps: list[Stamp] = []
 
     def on_step(_: int) -> None:
         utils.synchronize(ctx.device)
-        stamps.append(time.perf_counter())
+        stamps.append(stamp())
 
-    # Half the bare steps before train() and half after: a machine that speeds up or slows
-    # down during the section then biases neither side.
+    # The bare run does its first half of the steps before train() and the rest after, as
+    # one run paused in between: a machine that speeds up or slows down during the section
+    # biases neither side, and both loops time the same step numbers (on a CPU the step's
+    # values, which change as training goes on, can change its speed).
+    run_bare, bare_batches = bare_loop()
     first_half = ctx.loop_steps // 2
-    bare = bare_loop(first_half + warmup + 1)
+    # train()'s first stamp comes after its step 1, the bare run's before its step 1: one
+    # more skipped interval here makes both start at the same step.
+    bare = step_intervals(run_bare(first_half + warmup + 1), warmup + 1)
     with contextlib.redirect_stdout(io.StringIO()):
         train(loop_config, on_step=on_step)
     if len(stamps) < warmup + 3:
         raise Skip(f"train() reported only {len(stamps)} steps")
     stamps = stamps[:total_steps]
-    bare += bare_loop(ctx.loop_steps - first_half + warmup + 1)
+    # The first step after the pause runs with caches that train() evicted: left out.
+    bare += step_intervals(run_bare(ctx.loop_steps - first_half + 1), 1)
+    bare_batches.close()
 
-    loop = quartiles(step_intervals(stamps, warmup))
-    reference = quartiles(bare)
+    loop_steps = step_intervals(stamps, warmup)
+    loop = quartiles([wall for wall, _ in loop_steps])
+    reference = quartiles([wall for wall, _ in bare])
+    # CPU time per step barely moves when other programs compete for the cores (wall time
+    # does): on a busy machine it is the steadier view of the loop's own cost.
+    loop_cpu = quartiles([cpu for _, cpu in loop_steps])
+    bare_cpu = quartiles([cpu for _, cpu in bare])
+    cpu_ratio = loop_cpu["median"] / bare_cpu["median"] if bare_cpu["median"] > 0 else None
     overhead = loop["median"] / reference["median"]
-    as_timing = {
-        k: {"median_s": v["median"], "iqr_s": v["iqr"], "runs": v["n"]}
-        for k, v in (("loop", loop), ("bare", reference))
-    }
+
+    def as_timing(stats: dict[str, float]) -> dict[str, float]:
+        return {"median_s": stats["median"], "iqr_s": stats["iqr"], "runs": stats["n"]}
+
+    cpu_text = "n/a" if cpu_ratio is None else f"{cpu_ratio:.3f}"
     rows = [
-        ["train.train (on_step)", fmt_timing(as_timing["loop"]), f"{overhead:.3f}"],
-        ["bare loop", fmt_timing(as_timing["bare"]), "1.000"],
+        [
+            "train.train (on_step)",
+            fmt_timing(as_timing(loop)),
+            f"{overhead:.3f}",
+            fmt_timing(as_timing(loop_cpu)),
+            cpu_text,
+        ],
+        [
+            "bare loop",
+            fmt_timing(as_timing(reference)),
+            "1.000",
+            fmt_timing(as_timing(bare_cpu)),
+            "1.000",
+        ],
     ]
     verdict = "within" if overhead <= 1.05 else "above"
     return {
         "steps": loop["n"],
         "workers": workers,
-        "loop": as_timing["loop"],
-        "bare": as_timing["bare"],
+        "loop": as_timing(loop),
+        "bare": as_timing(reference),
         "ratio": overhead,
         "overhead_per_step_s": loop["median"] - reference["median"],
         "target": 1.05,
-        "table": {"columns": ["", "median step ± IQR", "ratio"], "rows": rows},
+        "cpu_time": {"loop": as_timing(loop_cpu), "bare": as_timing(bare_cpu), "ratio": cpu_ratio},
+        "table": {
+            "columns": ["", "median step ± IQR", "ratio", "CPU time/step ± IQR", "CPU ratio"],
+            "rows": rows,
+        },
         "notes": [
             f"median step-time ratio {overhead:.3f}: {verdict} the 1.05 target; the loop "
             f"adds {fmt_time(loop['median'] - reference['median'])} per step "
-            f"({loop['n']} steps each after {warmup} warm-up; the bare loop ran half before "
-            f"and half after; compile off and progress bar off in both; {workers} workers)"
+            f"({loop['n']} steps each after {warmup} warm-up, the same step numbers in both; "
+            f"the bare run was paused around train(); compile and progress bar off in both; "
+            f"{workers} workers)",
+            "CPU time is this process's (all its threads, not DataLoader workers); it shifts "
+            "less than wall time when other programs compete for the CPU",
         ],
     }
 
