@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
@@ -238,7 +237,7 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
                     ):
                         with record_function("forward"), utils.autocast(device, config.precision):
                             logits = model(inputs)
-                            loss = F.cross_entropy(logits, targets)
+                            loss = cross_entropy(logits, targets)
                         with record_function("backward"):
                             # Average over micro-batches: the gradient of one big batch.
                             scaler.scale(loss / accum if accum > 1 else loss).backward()
@@ -356,6 +355,19 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
         return result
 
 
+def cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
+) -> torch.Tensor:
+    """`F.cross_entropy` for class indices, spelled as log_softmax + gather.
+
+    Same value, but NLLLoss (inside F.cross_entropy) has no deterministic CUDA kernel and
+    raises under `--deterministic` on GPUs (see `torch.use_deterministic_algorithms`), while
+    gather's backward has one. Computed in float32 also under autocast.
+    """
+    picked = logits.float().log_softmax(dim=1).gather(1, targets.unsqueeze(1)).squeeze(1)
+    return -(picked.sum() if reduction == "sum" else picked.mean())
+
+
 def lr_factor(step: int, *, warmup: int, total: int) -> float:
     """Linear warmup to the peak, then cosine decay to zero at `total` steps."""
     if step < warmup:
@@ -376,7 +388,7 @@ def evaluate(
             inputs, targets = utils.to_device((inputs, targets), device)
             with utils.autocast(device, precision):
                 logits = model(inputs)
-            loss_sum += F.cross_entropy(logits.float(), targets, reduction="sum")
+            loss_sum += cross_entropy(logits, targets, reduction="sum")
             correct += (logits.argmax(1) == targets).sum()
             count += targets.shape[0]
         totals = torch.stack([loss_sum, correct, torch.tensor(float(count), device=device)])
@@ -420,7 +432,7 @@ def _blow_up_error(
     def rerun() -> None:
         for inputs, targets in micro_batches:
             with utils.autocast(device, config.precision):
-                rerun_loss = F.cross_entropy(model(inputs), targets)
+                rerun_loss = cross_entropy(model(inputs), targets)
             rerun_loss.backward()
 
     finding = utils.diagnose_nonfinite(model, rerun)
