@@ -37,6 +37,7 @@ ENV_PACKAGES = [
     "copier>=9.4,<10",
     "pytest>=8",
     "ruff>=0.6",
+    "nox",  # the docs tests run the generated projects' own nox sessions with --no-venv
     "setuptools>=77",  # rendered projects are installed with --no-build-isolation
     # The generated projects' own dependencies, so they install with --no-deps.
     "numpy>=1.24",
