@@ -140,7 +140,8 @@ def demo(session: nox.Session) -> None:
 @nox.session(venv_backend="none", requires=["env"])
 def tests(session: nox.Session) -> None:
     """The template's pytest suite (`nox -s tests -- -k render` passes arguments to pytest)."""
-    _run(session, "-m", "pytest", *session.posargs)
+    # The slowest tests in the log: CI time is a budget (well under 30 minutes on 2 cores).
+    _run(session, "-m", "pytest", "--durations=15", *session.posargs)
 
 
 @nox.session(venv_backend="none", requires=["env"])

@@ -253,3 +253,4 @@ def test_update_from_earlier_commits_equals_a_fresh_copy(tmp_path):
         assert not differing, f"update from {commit[:10]} differs from a fresh copy: {differing}"
         replayed.append(commit)
     assert replayed, "no earlier commit of this repository renders"
+    print(f"updates from {len(replayed)} commits equal a fresh copy: {[c[:10] for c in replayed]}")
