@@ -825,8 +825,9 @@ def section_loop_overhead(ctx: Context) -> dict[str, Any]:
     loop_steps = step_intervals(stamps, warmup)
     loop = quartiles([wall for wall, _ in loop_steps])
     reference = quartiles([wall for wall, _ in bare])
-    # CPU time per step barely moves when other programs compete for the cores (wall time
-    # does): on a busy machine it is the steadier view of the loop's own cost.
+    # With one torch thread, CPU time per step barely moves when other programs compete for
+    # the cores (wall time does): on a busy machine it is the steadier view of the loop's
+    # own cost. With several threads it also counts the time they spin waiting for each other.
     loop_cpu = quartiles([cpu for _, cpu in loop_steps])
     bare_cpu = quartiles([cpu for _, cpu in bare])
     cpu_ratio = loop_cpu["median"] / bare_cpu["median"] if bare_cpu["median"] > 0 else None
@@ -872,8 +873,8 @@ def section_loop_overhead(ctx: Context) -> dict[str, Any]:
             f"({loop['n']} steps each after {warmup} warm-up, the same step numbers in both; "
             f"the bare run was paused around train(); compile and progress bar off in both; "
             f"{workers} workers)",
-            "CPU time is this process's (all its threads, not DataLoader workers); it shifts "
-            "less than wall time when other programs compete for the CPU",
+            "CPU time is this process's (all its threads, not DataLoader workers); with one "
+            "torch thread other programs barely move it, with several their waiting counts too",
         ],
     }
 
