@@ -65,7 +65,7 @@ def test_cli_ends_with_the_clear_message_and_fails(tmp_path):
         text=True,
         check=False,
     )
-    assert result.returncode != 0
+    assert result.returncode == 1  # copier's exit code for an error it reports
     last_line = result.stderr.strip().splitlines()[-1]
     assert "package_name 'my-pkg' is not a lowercase Python identifier" in last_line
     assert not dest.exists()
