@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
@@ -358,13 +359,22 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
 def cross_entropy(
     logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
 ) -> torch.Tensor:
-    """`F.cross_entropy` for class indices, spelled as log_softmax + gather.
+    """`F.cross_entropy` for class indices, safe under `--deterministic` on GPUs.
 
-    Same value, but NLLLoss (inside F.cross_entropy) has no deterministic CUDA kernel and
-    raises under `--deterministic` on GPUs (see `torch.use_deterministic_algorithms`), while
-    gather's backward has one. Computed in float32 also under autocast.
+    NLLLoss (inside F.cross_entropy) has no deterministic CUDA kernel and raises once
+    `torch.use_deterministic_algorithms(True)` is on. There, the same value is computed as
+    log_softmax + gather, whose backward is deterministic; elsewhere the fused op is faster.
     """
-    picked = logits.float().log_softmax(dim=1).gather(1, targets.unsqueeze(1)).squeeze(1)
+    if logits.is_cuda and torch.are_deterministic_algorithms_enabled():
+        return gather_cross_entropy(logits, targets, reduction)
+    return F.cross_entropy(logits, targets, reduction=reduction)
+
+
+def gather_cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
+) -> torch.Tensor:
+    """Cross-entropy without NLLLoss, in float32 also under autocast."""
+    picked = logits.float().log_softmax(dim=1).gather(1, targets.unsqueeze(1))
     return -(picked.sum() if reduction == "sum" else picked.mean())
 
 
