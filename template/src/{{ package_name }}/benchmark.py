@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -269,7 +269,7 @@ def write_image_folder(root: Path, *, classes: int, total: int, size: int) -> No
             Image.merge("RGB", channels).save(folder / f"{index:05d}.jpg", quality=90)
 
 
-def endless(loader: DataLoader[Any]) -> Generator[Any, None, None]:
+def endless(loader: DataLoader[Any]) -> Iterator[Any]:
     while True:
         yield from loader
 
@@ -748,7 +748,7 @@ def section_loop_overhead(ctx: Context) -> dict[str, Any]:
     schedule_steps = loop_config.epochs * (loop_config.max_steps_per_epoch or steps_per_epoch)
     workers = utils.resolve_num_workers(config.num_workers, in_memory=True)
 
-    def bare_loop() -> tuple[Callable[[int], list[Stamp]], Generator[Any, None, None]]:
+    def bare_loop() -> tuple[Callable[[int], list[Stamp]], Iterator[Any]]:
         """A paused-and-resumed bare run: `run(n)` does the next n steps of the same run."""
         utils.seed_everything(config.seed)
         loader = utils.build_dataloader(
@@ -1015,7 +1015,7 @@ def cpu_model() -> str:
 
 def describe_machine(device: torch.device, quick: bool) -> dict[str, Any]:
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model(),
         "cpu": cpu_model(),
