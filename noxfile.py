@@ -2,11 +2,12 @@
 
     nox -s demo      render a project with default answers into build/demo, train one epoch
     nox              the full suite CI runs (.ci/run): demo, tests (update tests included),
-                     lint, gpu
+                     lint, docs, gpu
     nox -s tests     the template's pytest suite: rendering, answers, render matrix, update
     nox -s update    only the `copier update` tests
     nox -s gpu       render the answer matrix, run each project's GPU checks (skips without CUDA)
     nox -s lint      ruff over the template's own Python and over every rendered project
+    nox -s docs      build the documentation site with mkdocs --strict into build/site
 
 torch is installed once: the hidden `env` session builds one virtual environment (.nox/env)
 with torch, copier, pytest, ruff and the generated projects' dependencies, and every other
@@ -44,12 +45,13 @@ ENV_PACKAGES = [
     "tqdm>=4.60",
     "pillow>=9",
     "tensorboard>=2.14",
+    "mkdocs-material>=9.5",  # the docs session and tests/test_docs.py build the site
 ]
 NO_CUDA = "no CUDA device: GPU checks skipped"
 
 # What CI runs (.ci/run names them explicitly, as the README does): the demo too, so the
 # README's first command is proven on every run.
-nox.options.sessions = ["demo", "tests", "lint", "gpu"]
+nox.options.sessions = ["demo", "tests", "lint", "docs", "gpu"]
 nox.options.error_on_missing_interpreters = True
 
 
@@ -176,6 +178,14 @@ def lint(session: nox.Session) -> None:
     failed = [str(folder) for folder in folders if not _ruff_passes(session, folder)]
     if failed:
         session.error(f"ruff found problems in: {', '.join(failed)}")
+
+
+@nox.session(venv_backend="none", requires=["env"])
+def docs(session: nox.Session) -> None:
+    """Build the documentation site strictly: a broken link, anchor or missing page fails."""
+    session.chdir(ROOT)
+    _run(session, "-m", "mkdocs", "build", "--strict", "--site-dir", str(BUILD / "site"))
+    session.log(f"site: {BUILD / 'site' / 'index.html'}")
 
 
 def _ruff_passes(session: nox.Session, folder: Path) -> bool:
