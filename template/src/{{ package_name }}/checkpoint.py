@@ -78,10 +78,9 @@ def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dic
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:  # corrupt zip, truncated file, foreign pickle: all one answer
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise CheckpointError(
-            f"checkpoint {path} is corrupt or not a checkpoint of this project ({first}); "
-            "delete it to start over or pass --resume with another file"
+            f"checkpoint {path} is corrupt or not a checkpoint of this project "
+            f"({_load_failure(error)}); delete it to start over or pass --resume with another file"
         ) from None
     if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
         raise CheckpointError(
@@ -94,6 +93,20 @@ def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dic
             f"reads format {FORMAT_VERSION}"
         )
     return state
+
+
+def _load_failure(error: Exception) -> str:
+    """The informative part of a torch.load error, in a few words.
+
+    A weights-only refusal comes wrapped in torch's advice to retry with weights_only=False,
+    which is exactly wrong for a file of unknown origin, so only the unpickler's reason is kept.
+    """
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if "WeightsUnpickler error:" in str(error):
+        after = str(error).split("WeightsUnpickler error:", 1)[1]
+        reason = next((line.strip() for line in after.splitlines() if line.strip()), "")
+        return f"refused by the weights-only loader: {reason}" if reason else type(error).__name__
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
