@@ -50,8 +50,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from . import utils
 from .config import Config, build_parser, parse_config
-from .data import build_datasets
-from .model import build_model
+from .data import DataInfo, build_datasets
+from .model import build_model_for
 
 # Dense bf16 tensor-core peaks in TFLOP/s from NVIDIA's datasheets (the "with sparsity" figures
 # are twice these). Matched against torch.cuda.get_device_name() in order; a device that matches
@@ -97,9 +97,7 @@ class Context:
     data_dir: Path | None
     batch: tuple[torch.Tensor, torch.Tensor]  # one training batch, on the host
     base_model: nn.Module  # initial weights every section copies, so all start equal
-    in_channels: int
-    image_size: int
-    num_classes: int
+    info: DataInfo  # the synthetic data's shapes, for building fresh models
     train_set: Dataset[Any]
     results: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
@@ -759,14 +757,7 @@ def section_loop_overhead(ctx: Context) -> dict[str, Any]:
             generator=torch.Generator().manual_seed(config.seed),
             device=ctx.device,
         )
-        model = build_model(
-            config.model,
-            in_channels=ctx.in_channels,
-            image_size=ctx.image_size,
-            num_classes=ctx.num_classes,
-            width=config.width,
-            dropout=config.dropout,
-        ).to(ctx.device)
+        model = build_model_for(config, ctx.info).to(ctx.device)
         model.train()
         optimizer = make_optimizer(model, config, ctx.device)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -1164,14 +1155,7 @@ def main(argv: list[str] | None = None) -> int:
     train_set, _, info = build_datasets(synthetic)
     loader = DataLoader(train_set, batch_size=config.batch_size, shuffle=False)
     batch = next(iter(loader))
-    base_model = build_model(
-        config.model,
-        in_channels=info.in_channels,
-        image_size=info.image_size,
-        num_classes=info.num_classes,
-        width=config.width,
-        dropout=config.dropout,
-    )
+    base_model = build_model_for(config, info)
     ctx = Context(
         config=synthetic,
         device=device,
@@ -1184,9 +1168,7 @@ def main(argv: list[str] | None = None) -> int:
         data_dir=data_dir,
         batch=(batch[0], batch[1]),
         base_model=base_model,
-        in_channels=info.in_channels,
-        image_size=info.image_size,
-        num_classes=info.num_classes,
+        info=info,
         train_set=train_set,
     )
     machine = describe_machine(device, args.quick)

@@ -1,13 +1,17 @@
 """The model. This file is yours: change the architecture freely.
 
-`build_model` is what the training script, the benchmarks and the tests call, so keep its
-signature (add keyword arguments as you need them).
+`build_model` is what the training script, the benchmarks and the tests call (through
+`build_model_for`, which fills its arguments from the config and the dataset), so keep its
+signature, and pass a new keyword argument through `build_model_for`.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from .config import Config
+from .data import DataInfo
 
 
 class ConvNet(nn.Module):
@@ -69,3 +73,19 @@ def build_model(
             in_channels * image_size * image_size, num_classes, width=8 * width, dropout=dropout
         )
     raise ValueError(f"unknown model {name!r}; choose cnn or mlp")
+
+
+def build_model_for(config: Config, info: DataInfo) -> nn.Module:
+    """`build_model` with the architecture from `config` and the shapes from the dataset.
+
+    Training, the benchmarks and the tests all build their model here, so a new argument to
+    `build_model` is wired in once.
+    """
+    return build_model(
+        config.model,
+        in_channels=info.in_channels,
+        image_size=info.image_size,
+        num_classes=info.num_classes,
+        width=config.width,
+        dropout=config.dropout,
+    )

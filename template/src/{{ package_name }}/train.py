@@ -37,7 +37,7 @@ from .checkpoint import CheckpointError, Interrupted
 from .config import Config, ConfigError, parse_config
 from .data import DataError, ResumableSampler, build_datasets, shard
 from .metrics import Meter, MetricsWriter, add_totals, summarize
-from .model import build_model
+from .model import build_model_for
 
 
 def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
@@ -108,14 +108,7 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
             )
 
         # ---- model --------------------------------------------------------------------------
-        raw_model = build_model(
-            config.model,
-            in_channels=info.in_channels,
-            image_size=info.image_size,
-            num_classes=info.num_classes,
-            width=config.width,
-            dropout=config.dropout,
-        ).to(device)
+        raw_model = build_model_for(config, info).to(device)
         # Compile after .to(device); "auto" compiles only on CUDA, where it pays off quickly.
         compile_on = config.compile == "on" or (config.compile == "auto" and device.type == "cuda")
         compiled = utils.maybe_compile(
