@@ -1,4 +1,4 @@
-"""Metrics: running sums that stay on the device, and a writer for metrics.jsonl/TensorBoard.
+"""Metrics: running sums that stay on the device, a writer for metrics.jsonl and a tracker.
 
 Reading a device tensor (`.item()`, `.tolist()`, `float()`) waits for the device to finish
 all queued work. `Meter` therefore only adds on the device and reads everything in one
@@ -7,15 +7,19 @@ transfer when a log line is due.
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
+import platform
+import socket
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from . import distributed
+from . import distributed, trackers
 from .config import ConfigError
 
 
@@ -96,30 +100,37 @@ def add_totals(into: dict[str, float], more: dict[str, float]) -> dict[str, floa
 
 
 class MetricsWriter:
-    """Append one JSON object per line to run_dir/metrics.jsonl (and TensorBoard, if asked).
+    """Append one JSON object per line to run_dir/metrics.jsonl, and the same to a tracker.
 
     Only rank 0 writes: build it with `enabled=False` on the other ranks. The file is opened
-    in append mode, so a resumed run continues the same file.
+    in append mode, so a resumed run continues the same file. `tracker` is a name from
+    `trackers.TRACKERS`; one that cannot start raises ConfigError before anything is written.
     """
 
-    def __init__(self, run_dir: Path, *, enabled: bool, tensorboard: bool = False):
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        enabled: bool,
+        tracker: str = "none",
+        experiment: str = "default",
+        tracker_uri: str | None = None,
+        resuming: bool = False,
+    ):
         self.enabled = enabled
         self.path = run_dir / "metrics.jsonl"
         self._file = None
-        self._tensorboard: Any = None
+        self._tracker: trackers.Tracker | None = None
         if not enabled:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._tracker = trackers.open_tracker(
+                tracker, run_dir, experiment=experiment, uri=tracker_uri, resuming=resuming
+            )
+        except trackers.TrackerError as error:
+            raise ConfigError(str(error)) from None
         self._file = self.path.open("a", buffering=1, encoding="utf-8")
-        if tensorboard:
-            try:  # imported only when asked for: the project runs without tensorboard installed
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise ConfigError(
-                    "--tensorboard needs the tensorboard package: pip install "
-                    "tensorboard, or pass --no-tensorboard"
-                ) from None
-            self._tensorboard = SummaryWriter(str(run_dir / "tensorboard"))
 
     def write(self, record: dict[str, Any]) -> None:
         if self._file is None:
@@ -129,18 +140,59 @@ class MetricsWriter:
             for k, v in record.items()
         }
         self._file.write(json.dumps(clean) + "\n")
-        if self._tensorboard is not None:
-            kind, step = record.get("kind", "train"), record.get("step", 0)
-            for key, value in record.items():
-                if key not in ("kind", "step", "epoch", "global_step") and isinstance(
-                    value, (int, float)
-                ):
-                    self._tensorboard.add_scalar(f"{kind}/{key}", value, step)
+        if self._tracker is not None:
+            self._tracker.write(record)
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self._tensorboard is not None:
-            self._tensorboard.close()
-            self._tensorboard = None
+        if self._tracker is not None:
+            tracker, self._tracker = self._tracker, None
+            tracker.close()
+
+
+def run_record(config: dict[str, Any], device: torch.device, world_size: int) -> dict[str, Any]:
+    """The "run" record: what ran (config, git commit, dirty flag) and where (environment).
+
+    Written first to metrics.jsonl and the tracker on every start or resume, and saved in
+    checkpoints, so two runs can be compared after the fact.
+    """
+    commit, dirty = _git_state(Path(__file__).resolve().parent)
+    cuda = device.type == "cuda"
+    return {
+        "kind": "run",
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "python": platform.python_version(),
+        "torch": str(torch.__version__),  # a str subclass that weights_only loading refuses
+        "cuda": torch.version.cuda,
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if cuda else platform.machine(),
+        "world_size": world_size,
+        "host": socket.gethostname(),
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "config": config,
+    }
+
+
+def _git_state(folder: Path) -> tuple[str | None, bool | None]:
+    """The commit the code in `folder` is at, and whether tracked files differ from it.
+
+    (None, None) outside a git checkout or without git: an installed wheel has no history.
+    """
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=10
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return None, None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return commit, None if status is None else bool(status)

@@ -36,17 +36,23 @@ from . import checkpoint, distributed, utils
 from .checkpoint import CheckpointError, Interrupted
 from .config import Config, ConfigError, parse_config
 from .data import DataError, ResumableSampler, build_datasets, shard
-from .metrics import Meter, MetricsWriter, add_totals, summarize
+from .metrics import Meter, MetricsWriter, add_totals, run_record, summarize
 from .model import build_model_for
 
 
-def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
+def train(
+    config: Config,
+    *,
+    on_step: Callable[[int], None] | None = None,
+    on_epoch: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """Run the training described by `config` and return the final metrics.
 
     `on_step(global_step)` is called after every optimizer step (a profiler's `step`, a
-    timer). Raises ConfigError, DataError or CheckpointError for bad input,
-    `utils.NonFiniteLossError` when the loss blows up, and `checkpoint.Interrupted` after
-    saving on SIGTERM/SIGINT.
+    timer); `on_epoch(metrics)` after each epoch's checkpoint is saved, with that epoch's
+    metrics (a sweep reports val_acc there, and may raise to prune the run). Raises
+    ConfigError, DataError or CheckpointError for bad input, `utils.NonFiniteLossError` when
+    the loss blows up, and `checkpoint.Interrupted` after saving on SIGTERM/SIGINT.
     """
     with contextlib.ExitStack() as cleanup:
         # ---- processes, device, seeds -------------------------------------------------------
@@ -180,11 +186,21 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
                 "epoch_totals": totals,
                 "metrics": result,
                 "config": config.to_dict(),
+                "run": run,
             }
 
-        writer = MetricsWriter(run_dir, enabled=ctx.is_main, tensorboard=config.tensorboard)
+        run = run_record(config.to_dict(), device, ctx.world_size)
+        writer = MetricsWriter(
+            run_dir,
+            enabled=ctx.is_main,
+            tracker=config.tracker,
+            experiment=config.experiment,
+            tracker_uri=config.tracker_uri,
+            resuming=resume_path is not None,
+        )
         cleanup.callback(writer.close)
         stop = cleanup.enter_context(checkpoint.StopSignal())
+        writer.write({**run, "step": global_step})  # after StopSignal: see test_train_processes
         meter = Meter(device, ctx.world_size)
         log(
             f"training on {device} x{ctx.world_size} | {len(train_set)} samples, "
@@ -339,6 +355,11 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
                 checkpoint.save_checkpoint(snapshot(epoch + 1, 0, {}), last_path)
                 if improved:
                     checkpoint.copy_checkpoint(last_path, best_path)
+            if improved:
+                best = {"kind": "best", "step": global_step, "epoch": epoch + 1}
+                writer.write({**best, "val_acc": best_acc, "path": str(best_path)})
+            if on_epoch is not None:
+                on_epoch(dict(result))
             skip_samples = 0
 
         # Rank 0 may still be writing the last checkpoint: a rank that tears the process
