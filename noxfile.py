@@ -44,7 +44,14 @@ ENV_PACKAGES = [
     "numpy>=1.24",
     "tqdm>=4.60",
     "pillow>=9",
+    # The trackers (--tracker) and sweeps: extras of the generated projects, installed here
+    # once so each render's suite reads every tracker back through its real library.
     "tensorboard>=2.14",
+    "mlflow-skinny>=2.16",
+    "sqlalchemy>=2",
+    "alembic>=1.13",
+    "wandb>=0.20",
+    "optuna>=3.6",
     "mkdocs-material>=9.5",  # the docs session and tests/test_docs.py build the site
 ]
 NO_CUDA = "no CUDA device: GPU checks skipped"

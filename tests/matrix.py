@@ -17,7 +17,7 @@ MATRIX: dict[str, dict[str, Any]] = {
         "license": "MIT",
         "model": "cnn",
         "github_actions": True,
-        "tensorboard": False,
+        "tracker": "mlflow",
     },
     "py311-apache-mlp": {
         "project_name": "matrix-py311",
@@ -25,7 +25,7 @@ MATRIX: dict[str, dict[str, Any]] = {
         "license": "Apache-2.0",
         "model": "mlp",
         "github_actions": False,
-        "tensorboard": True,
+        "tracker": "tensorboard",
     },
     "py312-bsd-mlp": {
         "project_name": "matrix-py312",
@@ -33,7 +33,7 @@ MATRIX: dict[str, dict[str, Any]] = {
         "license": "BSD-3-Clause",
         "model": "mlp",
         "github_actions": True,
-        "tensorboard": True,
+        "tracker": "wandb",
     },
     "py313-none-cnn": {
         "project_name": "matrix-py313",
@@ -41,10 +41,12 @@ MATRIX: dict[str, dict[str, Any]] = {
         "license": "none",
         "model": "cnn",
         "github_actions": False,
-        "tensorboard": False,
+        "tracker": "none",
     },
 }
 
+# The one render whose `slow` tests run too (among them the library tests of the trackers a
+# render was not made with: this render's own tracker, MLflow, is the slowest to start).
 # The one render whose `slow` tests run too (inductor compilation and the like take minutes
 # on a small CPU; once is enough to catch a break, the other renders skip them).
 SLOW_RENDER = "py310-mit-cnn"

@@ -93,12 +93,20 @@ def test_workflow_only_when_chosen(rendered, name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_tensorboard_dependency_only_when_chosen(rendered, name):
-    project, answers = rendered[name], MATRIX[name]
-    dependencies = pyproject(project)["project"]["dependencies"]
-    has_tensorboard = any(dep.startswith("tensorboard") for dep in dependencies)
-    assert has_tensorboard == answers["tensorboard"]
-    assert any(dep.startswith("torch") for dep in dependencies)
+def test_tracker_packages_come_only_through_their_extras(rendered, name):
+    project, tracker = rendered[name], MATRIX[name]["tracker"]
+    data = pyproject(project)["project"]
+    trackers = ("tensorboard", "mlflow", "wandb")
+    assert not [d for d in data["dependencies"] if d.startswith(trackers)]
+    assert any(dep.startswith("torch") for dep in data["dependencies"])
+    extras = data["optional-dependencies"]
+    assert extras["tensorboard"][0].startswith("tensorboard")
+    assert extras["mlflow"][0].startswith("mlflow-skinny")
+    assert extras["wandb"][0].startswith("wandb")
+    config = (project / "src" / package_name(MATRIX[name]) / "config.py").read_text()
+    assert f'default="{tracker}"' in config  # the answer is --tracker's default
+    install = '".[test]"' if tracker == "none" else f'".[test,{tracker}]"'
+    assert f"pip install -e {install}" in (project / "README.md").read_text()
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -254,3 +254,31 @@ def test_update_from_earlier_commits_equals_a_fresh_copy(tmp_path):
         replayed.append(commit)
     assert replayed, "no earlier commit of this repository renders"
     print(f"updates from {len(replayed)} commits equal a fresh copy: {[c[:10] for c in replayed]}")
+
+
+# The commit released as v0.1.0, the last with the yes/no `tensorboard` question.
+RELEASE_V010 = "11c99402b04b441478610d7af8187603415a5cc1"
+
+
+def test_a_v010_tensorboard_answer_becomes_the_tracker_answer(tmp_path):
+    """`tracker` replaced the `tensorboard` question: updating a v0.1.0 project made with
+    tensorboard=true keeps TensorBoard as its tracker, and the old answer leaves the file."""
+    history = tmp_path / "history"
+    run(["git", "clone", "-q", "--no-checkout", ROOT, history], tmp_path)
+    for tag in git(history, "tag", "--list").split():
+        git(history, "tag", "-d", tag)
+    git(history, "tag", "v0.1.0", RELEASE_V010)
+    current = copy_template_repo(tmp_path / "current")
+    git(history, "fetch", "-q", str(current), "main")
+    git(history, "tag", "v1.0.0", "FETCH_HEAD")
+    answers = {"project_name": "tb-project", "tensorboard": True}
+    project = render(tmp_path / "project", answers, src=history, vcs_ref="v0.1.0")
+    git_init_commit(project, "rendered from v0.1.0")
+
+    update(project, vcs_ref="v1.0.0", conflict="inline")
+
+    recorded = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert recorded["tracker"] == "tensorboard" and "tensorboard" not in recorded
+    config = (project / "src" / "tb_project" / "config.py").read_text()
+    assert 'tracker: str = field(\n        default="tensorboard"' in config
+    assert conflict_markers(project) == []
