@@ -1,0 +1,308 @@
+"""Hyperparameter sweeps with Optuna: `python -m <package>.sweep --space sweep.toml`.
+
+Each trial is a real `train()` run in its own run dir (<out>/trial-NNNN), reported to Optuna
+after every epoch so that unpromising trials are pruned. The study lives in an Optuna storage:
+a SQLite file by default, so an interrupted sweep resumes when the same command runs again,
+or any database URL (postgresql://...), so workers on several machines share one study. Start
+the command several times, on one machine or many (sweep.sbatch), and the workers share the
+trials; the sweep stops when `trials` of them are complete or pruned.
+
+The search space is a TOML file (see sweep.toml):
+
+    [sweep]                     # every key optional; flags override them
+    study = "demo"
+    metric = "val_acc"          # val_acc is maximised, val_loss minimised
+    trials = 8                  # in total, over all workers
+    [fixed]                     # Config values every trial shares
+    epochs = 3
+    [space]
+    lr = { low = 1e-4, high = 1e-2, log = true }   # a float range
+    width = { low = 16, high = 64, step = 16 }     # integers when low and high are
+    model = ["cnn", "mlp"]                         # one of these
+
+At the end it prints the trials ranked, writes the best trial's settings to <out>/best.toml
+(`train --config <out>/best.toml` trains with them) and, with matplotlib installed, plots the
+optimisation history to <out>/history.png. Needs the `sweep` extra (optuna). Exit codes: 0
+done, 2 bad input, 128+N stopped by signal N (the trial saved its checkpoint; run the same
+command to resume it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import json
+import math
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import CheckpointError, Interrupted
+from .config import Config, ConfigError, load_toml, tomllib
+from .data import DataError
+from .train import train
+
+DIRECTIONS = {"val_acc": "maximize", "val_loss": "minimize"}
+
+
+@dataclasses.dataclass
+class Spec:
+    """A sweep: where its study lives, what it optimises, and over which values."""
+
+    study: str = "sweep"
+    metric: str = "val_acc"
+    trials: int = 8
+    out: str = "runs/sweep"
+    storage: str | None = None  # default: sqlite:///<out>/optuna.db
+    fixed: dict[str, Any] = dataclasses.field(default_factory=dict)
+    space: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def load_spec(path: Path, overrides: dict[str, Any]) -> Spec:
+    """Read and check a search-space file; every problem is one ValueError line."""
+    if not path.is_file():
+        raise ValueError(f"search space {path} does not exist")
+    try:
+        with path.open("rb") as file:
+            data = tomllib.load(file)
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(f"search space {path} is not valid TOML: {error}") from None
+    unknown = set(data) - {"sweep", "fixed", "space"}
+    if unknown:
+        raise ValueError(f"search space {path}: unknown table(s) {sorted(unknown)}")
+    names = {f.name for f in dataclasses.fields(Spec)} - {"fixed", "space"}
+    settings = {k.replace("-", "_"): v for k, v in data.get("sweep", {}).items()}
+    if set(settings) - names:
+        raise ValueError(
+            f"search space {path}: unknown [sweep] key(s) {sorted(set(settings) - names)}"
+        )
+    settings.update({k: v for k, v in overrides.items() if v is not None})
+    spec = Spec(**settings, fixed=data.get("fixed", {}), space=data.get("space", {}))
+    if spec.metric not in DIRECTIONS:
+        raise ValueError(f"metric must be one of {', '.join(DIRECTIONS)}, got {spec.metric!r}")
+    if spec.trials < 1:
+        raise ValueError(f"trials must be >= 1, got {spec.trials}")
+    if not spec.space:
+        raise ValueError(f"search space {path} has no [space] entries")
+    fields = {f.name for f in dataclasses.fields(Config)}
+    for key in [*spec.fixed, *spec.space]:
+        if key.replace("-", "_") not in fields:
+            raise ValueError(f"search space {path}: {key!r} is not a Config field")
+    for key, domain in spec.space.items():
+        _check_domain(key, domain)
+    base = {k.replace("-", "_"): v for k, v in spec.fixed.items()}
+    Config(**base).validate()  # fixed values that can never work fail now, not in every trial
+    return spec
+
+
+def _check_domain(key: str, domain: Any) -> None:
+    if isinstance(domain, list) and domain:
+        return
+    keys = {"low", "high", "log", "step"}
+    ranged = isinstance(domain, dict) and {"low", "high"} <= domain.keys() <= keys
+    if ranged and domain["low"] < domain["high"]:
+        return
+    raise ValueError(
+        f"space.{key} must be a non-empty list of choices or {{ low = ..., high = ... }} with "
+        f"low < high (optional log = true, step = ...), got {domain!r}"
+    )
+
+
+def suggest(trial: Any, key: str, domain: Any) -> Any:
+    """Draw one value of `key` from its domain (a list of choices, or a range)."""
+    if isinstance(domain, list):
+        return trial.suggest_categorical(key, domain)
+    low, high = domain["low"], domain["high"]
+    log = bool(domain.get("log", False))
+    if isinstance(low, int) and isinstance(high, int) and not isinstance(domain.get("step"), float):
+        return trial.suggest_int(key, low, high, step=domain.get("step", 1), log=log)
+    return trial.suggest_float(key, float(low), float(high), step=domain.get("step"), log=log)
+
+
+def run_sweep(spec: Spec) -> Any:
+    """Run trials until the study has `spec.trials` complete or pruned ones; return it."""
+    import optuna
+    from optuna.storages import RDBStorage, RetryFailedTrialCallback
+    from optuna.trial import TrialState
+
+    out = Path(spec.out)
+    out.mkdir(parents=True, exist_ok=True)
+    url = spec.storage or f"sqlite:///{out / 'optuna.db'}"
+    # A worker killed outright (SIGKILL, a lost node) stops its heartbeat: after the grace
+    # period its trial is marked failed and retried with the same values, resuming its run dir.
+    retry = RetryFailedTrialCallback(max_retry=3)
+    # Optuna 4.9 renamed the argument that takes it.
+    stale = "heartbeat_stale_trial_callback"
+    takes_stale = stale in inspect.signature(RDBStorage).parameters
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        storage = RDBStorage(
+            url,
+            heartbeat_interval=30,
+            grace_period=120,
+            **{stale if takes_stale else "failed_trial_callback": retry},
+            # SQLite: workers wait for each other's writes instead of failing on a locked file.
+            engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None,
+        )
+    study = optuna.create_study(
+        study_name=spec.study,
+        storage=storage,
+        direction=DIRECTIONS[spec.metric],
+        load_if_exists=True,
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1),
+    )
+    done = (TrialState.COMPLETE, TrialState.PRUNED)
+    fixed = {k.replace("-", "_"): v for k, v in spec.fixed.items()}
+
+    def objective(trial: Any) -> float:
+        params = {k.replace("-", "_"): suggest(trial, k, d) for k, d in spec.space.items()}
+        # A trial that continues an interrupted or failed one (queued again with the same
+        # values, and the same user attributes) reuses its run dir, and resumes there.
+        run_dir = trial.user_attrs.get("run_dir") or str(out / f"trial-{trial.number:04d}")
+        trial.set_user_attr("run_dir", run_dir)
+        saved = (Path(run_dir) / "checkpoints" / "last.pt").is_file()
+        config = Config(
+            **{**fixed, **params, "run_dir": run_dir, "resume": "auto" if saved else None}
+        )
+        config.validate()
+
+        def on_epoch(metrics: dict[str, Any]) -> None:
+            trial.report(metrics[spec.metric], metrics["epoch"])
+            if trial.should_prune():
+                raise optuna.TrialPruned(f"pruned after epoch {metrics['epoch']}")
+
+        try:
+            result = train(config, on_epoch=on_epoch)
+        except Interrupted:
+            # Saved: queue the same values, so the next worker resumes this run dir.
+            study.enqueue_trial(trial.params, user_attrs={"run_dir": run_dir})
+            raise
+        return float(result[spec.metric])
+
+    left = spec.trials - len(study.get_trials(deepcopy=False, states=done))
+    if left > 0:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.optimize(
+                objective,
+                n_trials=left,  # a cap per worker; the callback stops all workers at the total
+                callbacks=[optuna.study.MaxTrialsCallback(spec.trials, states=done)],
+                catch=(ValueError,),  # a drawn value Config refuses fails that trial only
+            )
+    return study
+
+
+def ranked(study: Any, metric: str) -> list[Any]:
+    """Finished trials, best first (then pruned ones, by their last reported value)."""
+    from optuna.trial import TrialState
+
+    sign = -1.0 if DIRECTIONS[metric] == "maximize" else 1.0
+
+    def key(trial: Any) -> tuple[int, float]:
+        value = trial.value
+        if value is None and trial.intermediate_values:
+            value = trial.intermediate_values[max(trial.intermediate_values)]
+        return (trial.state != TrialState.COMPLETE, sign * value if value is not None else math.inf)
+
+    states = (TrialState.COMPLETE, TrialState.PRUNED)
+    return sorted(study.get_trials(deepcopy=False, states=states), key=key)
+
+
+def table(trials: list[Any], metric: str) -> str:
+    lines = [f"{'rank':>4}  {'trial':>5}  {'state':<8}  {metric:>9}  params"]
+    for rank, trial in enumerate(trials, 1):
+        value = "-" if trial.value is None else f"{trial.value:.4f}"
+        params = " ".join(f"{k}={_short(v)}" for k, v in trial.params.items())
+        lines.append(f"{rank:>4}  {trial.number:>5}  {trial.state.name:<8}  {value:>9}  {params}")
+    return "\n".join(lines)
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def write_best(spec: Spec, trial: Any, path: Path) -> None:
+    """The best trial's settings as a config file `train --config` reads."""
+    values = {**{k.replace("-", "_"): v for k, v in spec.fixed.items()}, **trial.params}
+    lines = [
+        f"# Best trial {trial.number} of study {spec.study!r}: {spec.metric} = {trial.value}",
+        f"# python -m {__package__}.train --config {path} --run-dir runs/best",
+    ]
+    lines += [f"{k} = {_toml(v)}" for k, v in values.items() if v is not None]
+    path.write_text("\n".join(lines) + "\n")
+    load_toml(path)  # what train --config will do: fail here, not later
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string is a TOML basic string
+
+
+def plot(study: Any, path: Path) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from optuna.visualization.matplotlib import plot_optimization_history
+    except ImportError:
+        return "no plot: matplotlib is not installed (the 'plot' extra)"
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        axes = plot_optimization_history(study)
+    axes.figure.savefig(path, dpi=120, bbox_inches="tight")
+    return f"optimisation history: {path}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--space", type=Path, default=Path("sweep.toml"), help="search space TOML")
+    parser.add_argument("--study", help="study name (default: [sweep] study)")
+    parser.add_argument("--storage", help="Optuna storage URL (default: sqlite in --out)")
+    parser.add_argument("--trials", type=int, help="trials in total, over all workers")
+    parser.add_argument("--out", help="folder for trial run dirs, best.toml and the plot")
+    args = parser.parse_args(argv)
+    try:
+        import optuna
+    except ImportError:
+        print("error: sweeps need optuna: pip install -e '.[sweep]'", file=sys.stderr)
+        return 2
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    overrides = {k: getattr(args, k) for k in ("study", "storage", "trials", "out")}
+    try:
+        spec = load_spec(args.space, overrides)
+        study = run_sweep(spec)
+    except (ConfigError, DataError, CheckpointError, ValueError) as error:
+        print(f"error: {str(error).strip().splitlines()[0]}", file=sys.stderr)
+        return 2
+    except Interrupted as stopped:
+        print(f"{stopped}; run the same sweep command to resume the study", file=sys.stderr)
+        return stopped.exit_code
+    except Exception as error:  # storage errors (bad URL, unreachable database)
+        if type(error).__module__.split(".")[0] not in ("optuna", "sqlalchemy"):
+            raise
+        where = args.storage or "the sweep's storage"
+        print(f"error: {where}: {error}".splitlines()[0], file=sys.stderr)
+        return 2
+    trials = ranked(study, spec.metric)
+    print(table(trials, spec.metric))
+    try:
+        best = study.best_trial
+    except ValueError:
+        print("no trial completed: nothing to write", file=sys.stderr)
+        return 1
+    out = Path(spec.out)
+    write_best(spec, best, out / "best.toml")
+    print(f"best trial {best.number}: {spec.metric} {best.value:.4f} -> {out / 'best.toml'}")
+    print(plot(study, out / "history.png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
