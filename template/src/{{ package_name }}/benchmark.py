@@ -738,6 +738,7 @@ def section_loop_overhead(ctx: Context) -> dict[str, Any]:
         run_dir=str(run_dir),
         resume=None,
         progress=False,
+        tracker="none",  # the loop alone: a tracker's I/O is not what is measured
     )
 
     # The bare loop: same initial weights, same data and loader settings, same precision,

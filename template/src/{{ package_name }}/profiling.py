@@ -79,6 +79,7 @@ def profiled_config(config: Config, total_steps: int, out: Path) -> Config:
         max_steps_per_epoch=min(total_steps, steps_per_epoch),
         run_dir=str(out / "run"),
         resume=None,
+        tracker="none",  # the training step's trace, not a tracker's I/O
     )
 
 

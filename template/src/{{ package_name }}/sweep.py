@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import json
 import math
 import sys
@@ -124,7 +123,7 @@ def suggest(trial: Any, key: str, domain: Any) -> Any:
 def run_sweep(spec: Spec) -> Any:
     """Run trials until the study has `spec.trials` complete or pruned ones; return it."""
     import optuna
-    from optuna.storages import RDBStorage, RetryFailedTrialCallback
+    from optuna.storages import RDBStorage
     from optuna.trial import TrialState
 
     out = Path(spec.out)
@@ -132,17 +131,21 @@ def run_sweep(spec: Spec) -> Any:
     url = spec.storage or f"sqlite:///{out / 'optuna.db'}"
     # A worker killed outright (SIGKILL, a lost node) stops its heartbeat: after the grace
     # period its trial is marked failed and retried with the same values, resuming its run dir.
-    retry = RetryFailedTrialCallback(max_retry=3)
-    # Optuna 4.9 renamed the argument that takes it.
-    stale = "heartbeat_stale_trial_callback"
-    takes_stale = stale in inspect.signature(RDBStorage).parameters
+    try:  # Optuna 4.9 renamed the callback and the argument that takes it
+        from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
+
+        argument = "heartbeat_stale_trial_callback"
+    except ImportError:
+        from optuna.storages import RetryFailedTrialCallback as Retry
+
+        argument = "failed_trial_callback"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         storage = RDBStorage(
             url,
             heartbeat_interval=30,
             grace_period=120,
-            **{stale if takes_stale else "failed_trial_callback": retry},
+            **{argument: Retry(max_retry=3)},  # copies the values and user_attrs (run_dir)
             # SQLite: workers wait for each other's writes instead of failing on a locked file.
             engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None,
         )
