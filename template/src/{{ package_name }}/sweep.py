@@ -104,7 +104,7 @@ def _check_domain(key: str, domain: Any) -> None:
     if ranged and domain["low"] < domain["high"]:
         return
     raise ValueError(
-        f"space.{key} must be a non-empty list of choices or {{ low = ..., high = ... }} with "
+        f"space.{key} must be a non-empty list of choices or a table of low and high with "
         f"low < high (optional log = true, step = ...), got {domain!r}"
     )
 
@@ -147,7 +147,7 @@ def run_sweep(spec: Spec) -> Any:
             grace_period=120,
             **{argument: Retry(max_retry=3)},  # copies the values and user_attrs (run_dir)
             # SQLite: workers wait for each other's writes instead of failing on a locked file.
-            engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None,
+            engine_kwargs=dict(connect_args=dict(timeout=60)) if url.startswith("sqlite") else None,
         )
     study = optuna.create_study(
         study_name=spec.study,
