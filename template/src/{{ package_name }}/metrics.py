@@ -7,7 +7,6 @@ transfer when a log line is due.
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
 import platform
@@ -171,7 +170,7 @@ def run_record(config: dict[str, Any], device: torch.device, world_size: int) ->
         "device_name": torch.cuda.get_device_name(device) if cuda else platform.machine(),
         "world_size": world_size,
         "host": socket.gethostname(),
-        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),  # UTC
         "config": config,
     }
 
