@@ -81,6 +81,7 @@ REQUIRED_PAGES = [
 PAGES_WITH_COMMANDS = [
     "getting-started.md",
     "training.md",
+    "reliability.md",
     "profiling.md",
     "gpu.md",
     "updating.md",
