@@ -9,9 +9,9 @@ per mutation: the child copies `src/`, plants the bug in its copy, puts that cop
 cores). A child runs in its own session, so a hung run is killed with everything it started.
 
 Each job in JOBS.json: {"name", "module", "edits": [[old, new], ...], "tests": [paths],
-"select": str|null, "timeout": seconds}. RESULTS.json maps each name to {"code", "seconds", "output"}: the pytest
-exit code (1 = a test failed, the mutation was caught), or -1 with "problem" when the bug
-could not be planted or the run timed out.
+"select": str|null, "timeout": seconds}. RESULTS.json maps each name to {"code", "seconds",
+"output", "problem"}: the pytest exit code (1 = a test failed, the mutation was caught), or -1
+with a "problem" when the bug could not be planted or the run timed out.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ def child(project: Path, package: str, workdir: Path, job: dict) -> int:
         source = str(mutant / "src")
         sys.path.insert(0, source)
         # Tests that start subprocesses (torchrun) pass on the package's location themselves.
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))
+        paths = [source, os.environ.get("PYTHONPATH")]
+        os.environ["PYTHONPATH"] = os.pathsep.join(path for path in paths if path)
         os.environ["PYTHONDONTWRITEBYTECODE"] = "1"  # the shared tests/ folder stays clean
         os.chdir(project)
         args = ["-x", "-q", "-p", "no:cacheprovider", "--basetemp", str(mutant / "tmp")]
