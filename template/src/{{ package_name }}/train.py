@@ -482,7 +482,13 @@ def _blow_up_error(
 
 
 def _check_precision(precision: str, device: torch.device) -> None:
-    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+    # including_emulation=False: a pre-Ampere GPU only emulates bf16 (slowly), which the
+    # default of is_bf16_supported() counts as support.
+    if (
+        precision == "bf16"
+        and device.type == "cuda"
+        and not torch.cuda.is_bf16_supported(including_emulation=False)
+    ):
         raise ConfigError("--precision bf16: this GPU has no bfloat16 support; use fp16")
     if precision == "fp16" and device.type == "mps":
         raise ConfigError("--precision fp16 needs a GradScaler, which MPS lacks; use bf16")
