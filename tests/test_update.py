@@ -136,6 +136,40 @@ def check_update_step(project: Path) -> str:
     return result.stdout
 
 
+def test_the_copier_under_test_is_the_one_expected():
+    """The `update` and `tests` nox sessions rerun these tests on copier.yml's minimum copier,
+    installed apart and put first on PYTHONPATH: prove that it, not the newer one, ran."""
+    expected = os.environ.get("EXPECT_COPIER_VERSION")
+    if not expected:
+        pytest.skip("EXPECT_COPIER_VERSION not set: the environment's copier runs")
+    assert copier.__version__ == expected
+    cli = run([sys.executable, "-m", "copier", "--version"], ROOT)
+    assert expected in cli.stdout + cli.stderr
+
+
+def test_the_minimum_copier_version_is_the_same_everywhere():
+    """copier.yml's _min_copier_version, the nox session that tests it, and every pin shown to
+    users or installed by CI name the same version (the oldest with `copier check-update`)."""
+    minimum = yaml.safe_load((ROOT / "copier.yml").read_text())["_min_copier_version"]
+    major, minor = minimum.split(".")[:2]
+    assert (int(major), int(minor)) >= (9, 13), "copier check-update needs copier 9.13.0"
+    pin = f"copier>={major}.{minor},<{int(major) + 1}"
+    assert f'MIN_COPIER = "{minimum}"' in (ROOT / "noxfile.py").read_text()
+    places = [
+        ROOT / "noxfile.py",
+        ROOT / "README.md",
+        ROOT / "docs" / "updating.md",
+        ROOT / "template" / "{% if github_actions %}.github{% endif %}" / "workflows" / "ci.yml.jinja",
+    ]
+    problems = []
+    for place in places:
+        text = place.read_text()
+        pins = re.findall(r"copier>=[0-9.]+,<[0-9]+", text)
+        if not pins or set(pins) != {pin}:
+            problems.append(f"{place.relative_to(ROOT)}: {pins or 'no copier pin'}, want {pin}")
+    assert not problems, "\n".join(problems)
+
+
 def test_user_edits_survive_and_the_template_change_arrives(template_v1, project):
     package = project / "src" / PACKAGE
     edit(package / "model.py", r"^(?=def build_model\()", USER_LAYER.lstrip("\n"))
@@ -207,6 +241,13 @@ HISTORY_DEPTH = 5
 HISTORY_CANDIDATES = 12
 
 
+def skipped_on_update() -> list[str]:
+    """Files copier writes once and never updates (`_skip_if_exists`): README.md."""
+    skipped = yaml.safe_load((ROOT / "copier.yml").read_text())["_skip_if_exists"]
+    assert skipped == ["README.md"], "a new skipped file needs its own docs and update test"
+    return skipped
+
+
 def files_without_commit(project: Path) -> dict[str, bytes]:
     """Every file's bytes, with the answers file's `_commit` line left out."""
     files = {}
@@ -249,6 +290,8 @@ def test_update_from_earlier_commits_equals_a_fresh_copy(tmp_path):
         update(old, vcs_ref="v1.0.0", conflict="inline")
         updated = files_without_commit(old)
         assert sorted(updated) == sorted(fresh), f"file list differs after update from {commit}"
+        for name in skipped_on_update():  # the user's once copied: kept as they were
+            updated[name] = fresh[name]
         differing = [name for name in fresh if updated[name] != fresh[name]]
         assert not differing, f"update from {commit[:10]} differs from a fresh copy: {differing}"
         replayed.append(commit)
