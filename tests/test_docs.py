@@ -855,7 +855,7 @@ def _rewrite(words: list[str], template_repo: Path) -> list[str]:
     if words[0] == "copier":
         words = [str(template_repo) if w in TEMPLATE_SOURCES else w for w in words]
         extra = [] if "--defaults" in words or words[1] == "check-update" else ["--defaults"]
-        if words[1] in ("copy", "update") and "--vcs-ref" not in words:
+        if words[1] in ("copy", "update") and not any(w.startswith("--vcs-ref") for w in words):
             extra += ["--vcs-ref", "HEAD"]
         return [sys.executable, "-m", "copier", words[1], *extra, *words[2:]]
     return words

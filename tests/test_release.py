@@ -124,7 +124,9 @@ def sources_at(revision: str | None) -> dict[str, str]:
     sources = {}
     for path in listed.stdout.splitlines():
         if path.endswith(".py"):
-            sources[path.removeprefix(PACKAGE_DIR + "/")] = _git("show", f"{revision}:{path}").stdout
+            sources[path.removeprefix(PACKAGE_DIR + "/")] = _git(
+                "show", f"{revision}:{path}"
+            ).stdout
     return sources
 
 

@@ -33,9 +33,9 @@ from torch.profiler import record_function
 from tqdm import tqdm
 
 from . import checkpoint, distributed, utils
+from . import model as user_model
 from .checkpoint import CheckpointError, Interrupted
 from .config import Config, ConfigError, parse_config
-from . import model as user_model
 from .data import DataError, DataInfo, ResumableSampler, build_datasets, shard
 from .metrics import Meter, MetricsWriter, add_totals, summarize
 
