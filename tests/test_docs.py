@@ -22,8 +22,8 @@ How "every command shown in the docs was run by a test or by CI" is enforced
      to a one-commit copy of this checkout, with `--defaults` so it cannot wait for input),
      `nox --no-venv -s <session>` for the project's cheap sessions, `git` (`git commit` with
      `--allow-empty`: the page's update, here to the same commit, may have changed nothing),
-     `grep`, `ps`, `python -c`. Each must exit 0, except a ```console command whose promised output is
-     checked and found. Commands that cannot see each other's output run side by side.
+     `grep`, `ps`, `python -c`. Each must exit 0, except a ```console command whose promised
+     output is checked and found. Commands that cannot see each other's output run side by side.
    - RUN BY THE GENERATED SUITE (which the render matrix runs in CI): the benchmark (minutes)
      and single-node `torchrun`, when a test of the rendered project runs the same module with
      every flag the page shows.

@@ -32,16 +32,20 @@ def previous_release(changelog: str) -> tuple[str, str]:
     """(version, git revision) of the newest released section of the changelog."""
     found = re.search(r"^## \[(\d+\.\d+\.\d+[^\]]*)\]", changelog, re.M)
     assert found, "CHANGELOG.md has no released section (## [X.Y.Z] - date)"
-    version = found[1]
+    return found[1], release_revision(found[1])
+
+
+def release_revision(version: str) -> str:
+    """The git revision of release `version`: its tag, or the commit titled as its release."""
     if _git("rev-parse", "--verify", "--quiet", f"refs/tags/v{version}").returncode == 0:
-        return version, f"v{version}"
+        return f"v{version}"
     log = _git("log", "--format=%H", "--fixed-strings", f"--grep=Release v{version}:", "HEAD")
     commits = log.stdout.split()
     assert commits, (
         f"neither tag v{version} nor a commit titled 'Release v{version}:' is in this clone; "
         "fetch the history (git fetch --tags --unshallow)"
     )
-    return version, commits[-1]
+    return commits[-1]
 
 
 def upgrade_notes(changelog: str) -> str:

@@ -393,6 +393,9 @@ def test_a_hand_edited_answer_is_recovered_as_the_docs_say(template_v1, project)
     assert f"package_name: {PACKAGE}" in answers.read_text()
 
 
+BOTH_SIDES = r"<<<<<<< [^\n]*\n(.*?)=======\n.*?>>>>>>> [^\n]*\n"
+
+
 def test_the_package_is_renamed_as_the_docs_say(template_v1, project):
     """Update to the newest release first; then git mv, fix the imports, commit, and
     `copier update --vcs-ref=:current: -d package_name=...`: the user's edits and own tests
@@ -420,14 +423,8 @@ def test_the_package_is_renamed_as_the_docs_say(template_v1, project):
     assert set(conflicted) <= {"src/renamed_pkg/model.py", "src/renamed_pkg/config.py"}
     for name in conflicted:  # the docs: keep the `before updating` side (the user's version)
         path = project / name
-        path.write_text(
-            re.sub(
-                r"<<<<<<< [^\n]*\n(.*?)=======\n.*?>>>>>>> [^\n]*\n",
-                r"\1",
-                path.read_text(),
-                flags=re.S,
-            )  # fmt: skip
-        )
+        ours = re.sub(BOTH_SIDES, r"\1", path.read_text(), flags=re.S)
+        path.write_text(ours)
         assert "=======" not in path.read_text()
     assert not old.exists()
     assert "class ScaleShift(nn.Module):" in (new / "model.py").read_text()
