@@ -35,11 +35,26 @@ from torch.profiler import record_function
 from tqdm import tqdm
 
 from . import checkpoint, distributed, rundir, utils
+from . import model as user_model
 from .checkpoint import Interrupted, SaveError
 from .config import Config, ConfigError, parse_config
-from .data import ResumableSampler, build_datasets, shard
+from .data import DataInfo, ResumableSampler, build_datasets, shard
 from .metrics import Meter, MetricsWriter, add_totals, summarize
-from .model import build_model_for
+
+
+def build_model_for(config: Config, info: DataInfo) -> nn.Module:
+    """`model.build_model_for(config, info)`: the one call template-owned code makes into the
+    user's model.py (docs/updating.md of the template, "The interface"). A model.py written
+    before it existed gets one line saying what to add, not an ImportError."""
+    builder = getattr(user_model, "build_model_for", None)
+    if builder is None:
+        raise ConfigError(
+            f"{user_model.__file__} has no build_model_for(config, info), which train.py and "
+            "benchmark.py call since the release after copier-pytorch v0.1.0: add it, "
+            "returning build_model(...) with your arguments (the template's CHANGELOG, "
+            "Upgrade notes)"
+        )
+    return builder(config, info)
 
 
 def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
