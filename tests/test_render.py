@@ -106,7 +106,7 @@ def test_tracker_packages_come_only_through_their_extras(rendered, name):
     config = (project / "src" / package_name(MATRIX[name]) / "config.py").read_text()
     assert f'default="{tracker}"' in config  # the answer is --tracker's default
     install = '".[test]"' if tracker == "none" else f'".[test,{tracker}]"'
-    assert f"pip install -e {install}" in (project / "README.md").read_text()
+    assert f"pip install -e {install}" in (project / "docs" / "template.md").read_text()
 
 
 @pytest.mark.parametrize("name", NAMES)

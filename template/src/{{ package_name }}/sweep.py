@@ -4,7 +4,7 @@ Each trial is a real `train()` run in its own run dir (<out>/trial-NNNN), report
 after every epoch so that unpromising trials are pruned. The study lives in an Optuna storage:
 a SQLite file by default, so an interrupted sweep resumes when the same command runs again,
 or any database URL (postgresql://...), so workers on several machines share one study. Start
-the command several times, on one machine or many (sweep.sbatch), and the workers share the
+the command several times, on one machine or many (slurm/sweep.sbatch), and workers share the
 trials; the sweep stops when `trials` of them are complete or pruned.
 
 The search space is a TOML file (see sweep.toml):
