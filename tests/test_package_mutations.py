@@ -105,7 +105,10 @@ MUTATIONS = [
         "torch.save(state, file)\n", "torch.save(state, path)\n            return\n",
         "test_checkpoint.py", "temporary_file or failed_save"),
     bug("failed-save-leaves-its-temporary-file", "checkpoint.py",
-        "Path(tmp).unlink(missing_ok=True)\n        raise\n\n\ndef copy", "raise\n\n\ndef copy",
+        "            Path(tmp).unlink(missing_ok=True)\n        if isinstance(error, OSError):\n"
+        "            raise SaveError(_save_failure(path, error))",
+        "            pass\n        if isinstance(error, OSError):\n"
+        "            raise SaveError(_save_failure(path, error))",
         "test_checkpoint.py", "failed_save"),
     bug("load-runs-pickled-code", "checkpoint.py",
         "location, weights_only=True", "location, weights_only=False",
@@ -120,6 +123,13 @@ MUTATIONS = [
         "        if self.signum is None:\n            self.signum = signum",
         "        if True:\n            self.signum = signum",
         "test_checkpoint.py", "stop_signal"),
+    # ---- rundir.py: one run per run dir, nothing overwritten ----------------------------------
+    bug("run-dir-lock-not-exclusive", "rundir.py",
+        "fcntl.LOCK_EX | fcntl.LOCK_NB", "fcntl.LOCK_SH | fcntl.LOCK_NB",
+        "test_faults.py", "in_use"),
+    bug("rerun-overwrites-checkpoints", "rundir.py",
+        "if saved and resume is None:", "if saved and resume == 'never':",
+        "test_faults.py", "not_overwritten"),
     # ---- data.py: sampler state and shards -----------------------------------------------------
     bug("sampler-start-ignored", "data.py",
         "itertools.islice(super().__iter__(), self.start, None)", "super().__iter__()",
