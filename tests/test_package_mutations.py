@@ -105,7 +105,10 @@ MUTATIONS = [
         "torch.save(state, file)\n", "torch.save(state, path)\n            return\n",
         "test_checkpoint.py", "temporary_file or failed_save"),
     bug("failed-save-leaves-its-temporary-file", "checkpoint.py",
-        "Path(tmp).unlink(missing_ok=True)\n        raise\n\n\ndef copy", "raise\n\n\ndef copy",
+        "Path(tmp).unlink(missing_ok=True)\n        if isinstance(error, OSError):\n"
+        "            raise SaveError(_save_failure(path, error))",
+        "pass\n        if isinstance(error, OSError):\n"
+        "            raise SaveError(_save_failure(path, error))",
         "test_checkpoint.py", "failed_save"),
     bug("load-runs-pickled-code", "checkpoint.py",
         "location, weights_only=True", "location, weights_only=False",
@@ -116,8 +119,9 @@ MUTATIONS = [
     bug("handlers-restored-to-the-default", "checkpoint.py",
         "signal.signal(signum, handler)", "signal.signal(signum, signal.SIG_DFL)",
         "test_checkpoint.py", "stop_signal"),
-    bug("second-signal-does-not-stop", "checkpoint.py",
-        "            raise KeyboardInterrupt\n", "            pass\n",
+    bug("second-signal-replaces-the-first", "checkpoint.py",
+        "        if self.signum is None:\n            self.signum = signum\n",
+        "        self.signum = signum\n",
         "test_checkpoint.py", "stop_signal"),
     # ---- data.py: sampler state and shards -----------------------------------------------------
     bug("sampler-start-ignored", "data.py",
