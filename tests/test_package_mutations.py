@@ -123,6 +123,16 @@ MUTATIONS = [
         "        if self.signum is None:\n            self.signum = signum\n",
         "        self.signum = signum\n",
         "test_checkpoint.py", "stop_signal"),
+    bug("buffers-not-checked-before-a-save", "checkpoint.py",
+        "(*model.named_parameters(), *model.named_buffers())", "(*model.named_parameters(),)",
+        "test_faults.py", "poisoned_tensor_at_the_end"),
+    # ---- rundir.py: one run per run dir, leftovers cleaned -------------------------------------
+    bug("run-dir-not-locked", "rundir.py",
+        "fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)", "pass",
+        "test_faults.py", "in_use"),
+    bug("metrics-not-trimmed-on-resume", "rundir.py",
+        'keep = int(record.get("step", 0)) <= step', "keep = True",
+        "test_faults.py", "leftovers"),
     # ---- data.py: sampler state and shards -----------------------------------------------------
     bug("sampler-start-ignored", "data.py",
         "itertools.islice(super().__iter__(), self.start, None)", "super().__iter__()",
