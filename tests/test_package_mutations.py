@@ -105,9 +105,9 @@ MUTATIONS = [
         "torch.save(state, file)\n", "torch.save(state, path)\n            return\n",
         "test_checkpoint.py", "temporary_file or failed_save"),
     bug("failed-save-leaves-its-temporary-file", "checkpoint.py",
-        "            Path(tmp).unlink(missing_ok=True)\n        if isinstance(error, OSError):\n"
+        "Path(tmp).unlink(missing_ok=True)\n        if isinstance(error, OSError):\n"
         "            raise SaveError(_save_failure(path, error))",
-        "            pass\n        if isinstance(error, OSError):\n"
+        "pass\n        if isinstance(error, OSError):\n"
         "            raise SaveError(_save_failure(path, error))",
         "test_checkpoint.py", "failed_save"),
     bug("load-runs-pickled-code", "checkpoint.py",
@@ -120,13 +120,19 @@ MUTATIONS = [
         "signal.signal(signum, handler)", "signal.signal(signum, signal.SIG_DFL)",
         "test_checkpoint.py", "stop_signal"),
     bug("second-signal-replaces-the-first", "checkpoint.py",
-        "        if self.signum is None:\n            self.signum = signum",
-        "        if True:\n            self.signum = signum",
+        "        if self.signum is None:\n            self.signum = signum\n",
+        "        self.signum = signum\n",
         "test_checkpoint.py", "stop_signal"),
-    # ---- rundir.py: one run per run dir, nothing overwritten ----------------------------------
-    bug("run-dir-lock-not-exclusive", "rundir.py",
-        "fcntl.LOCK_EX | fcntl.LOCK_NB", "fcntl.LOCK_SH | fcntl.LOCK_NB",
+    bug("buffers-not-checked-before-a-save", "checkpoint.py",
+        "(*model.named_parameters(), *model.named_buffers())", "(*model.named_parameters(),)",
+        "test_faults.py", "poisoned_tensor_at_the_end"),
+    # ---- rundir.py: one run per run dir, leftovers cleaned -------------------------------------
+    bug("run-dir-not-locked", "rundir.py",
+        "fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)", "pass",
         "test_faults.py", "in_use"),
+    bug("metrics-not-trimmed-on-resume", "rundir.py",
+        'keep = int(record.get("step", 0)) <= step', "keep = True",
+        "test_faults.py", "leftovers"),
     bug("rerun-overwrites-checkpoints", "rundir.py",
         "if saved and resume is None:", "if saved and resume == 'never':",
         "test_faults.py", "not_overwritten"),
