@@ -116,8 +116,9 @@ MUTATIONS = [
     bug("handlers-restored-to-the-default", "checkpoint.py",
         "signal.signal(signum, handler)", "signal.signal(signum, signal.SIG_DFL)",
         "test_checkpoint.py", "stop_signal"),
-    bug("second-signal-does-not-stop", "checkpoint.py",
-        "            raise KeyboardInterrupt\n", "            pass\n",
+    bug("second-signal-replaces-the-first", "checkpoint.py",
+        "        if self.signum is None:\n            self.signum = signum",
+        "        if True:\n            self.signum = signum",
         "test_checkpoint.py", "stop_signal"),
     # ---- data.py: sampler state and shards -----------------------------------------------------
     bug("sampler-start-ignored", "data.py",
