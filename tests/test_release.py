@@ -53,7 +53,7 @@ def upgrade_notes(changelog: str) -> str:
     (`### Upgrade notes (issue 11)` counts too); empty when there is none."""
     unreleased = re.search(r"^## \[Unreleased\]\s*$(.*?)(?=^## \[|\Z)", changelog, re.M | re.S)
     assert unreleased, "CHANGELOG.md has no ## [Unreleased] section"
-    notes = re.finditer(r"^### Upgrade notes.*$(.*?)(?=^### |\Z)", unreleased[1], re.M | re.S)
+    notes = re.finditer(r"^### Upgrade notes[^\n]*$(.*?)(?=^### |\Z)", unreleased[1], re.M | re.S)
     return "\n".join(note[1] for note in notes)
 
 
