@@ -38,8 +38,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the backport the project depends on there
+    import tomli as tomllib
+
 from .checkpoint import CheckpointError, Interrupted
-from .config import Config, ConfigError, load_toml, tomllib
+from .config import Config, ConfigError
 from .data import DataError
 from .train import train
 
@@ -235,7 +240,8 @@ def write_best(spec: Spec, trial: Any, path: Path) -> None:
     ]
     lines += [f"{k} = {_toml(v)}" for k, v in values.items() if v is not None]
     path.write_text("\n".join(lines) + "\n")
-    load_toml(path)  # what train --config will do: fail here, not later
+    with path.open("rb") as file:  # what train --config will do: fail here, not later
+        Config(**tomllib.load(file)).validate()
 
 
 def _toml(value: Any) -> str:
