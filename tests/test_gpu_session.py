@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ROOT, render, run
+from helpers import ROOT, run
+from matrix import SLOW_RENDER
 
 pytestmark = pytest.mark.skipif(
     torch.cuda.is_available() or Path("/dev/nvidia0").exists(),
@@ -22,8 +23,8 @@ BROKEN = "this machine has a GPU (nvidia-smi at"
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory) -> Path:
-    return render(tmp_path_factory.mktemp("gpu-session") / "project")
+def project(rendered) -> Path:
+    return rendered[SLOW_RENDER]  # the session's matrix renders: no render of its own
 
 
 def _bin(folder: Path, name: str, script: str) -> Path:
@@ -69,4 +70,4 @@ def test_the_template_session_fails_on_a_gpu_machine_whose_torch_has_no_cuda(tmp
     code, output = _nox(ROOT, fake)
     assert code != 0, output
     assert BROKEN in output and "CPU-only build" in output
-    assert "copier" not in output  # it stopped before rendering anything
+    assert "-m copier copy" not in output  # it stopped before rendering anything
