@@ -34,6 +34,7 @@ import dataclasses
 import json
 import math
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -144,23 +145,41 @@ def run_sweep(spec: Spec) -> Any:
         from optuna.storages import RetryFailedTrialCallback as Retry
 
         argument = "failed_trial_callback"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        storage = RDBStorage(
-            url,
-            heartbeat_interval=30,
-            grace_period=120,
-            **{argument: Retry(max_retry=3)},  # copies the values and user_attrs (run_dir)
-            # SQLite: workers wait for each other's writes instead of failing on a locked file.
-            engine_kwargs=dict(connect_args=dict(timeout=60)) if url.startswith("sqlite") else None,
+
+    def connect() -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            storage = RDBStorage(
+                url,
+                heartbeat_interval=30,
+                grace_period=120,
+                **{argument: Retry(max_retry=3)},  # copies the values and user_attrs (run_dir)
+                # SQLite: workers wait for each other's writes instead of failing on a lock.
+                engine_kwargs=dict(connect_args=dict(timeout=60))
+                if url.startswith("sqlite")
+                else None,
+            )
+        return optuna.create_study(
+            study_name=spec.study,
+            storage=storage,
+            direction=DIRECTIONS[spec.metric],
+            load_if_exists=True,
+            pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1),
         )
-    study = optuna.create_study(
-        study_name=spec.study,
-        storage=storage,
-        direction=DIRECTIONS[spec.metric],
-        load_if_exists=True,
-        pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1),
-    )
+
+    # Workers started together race to create a new database's tables: the losers retry
+    # once the winner is done.
+    for attempt in range(5):
+        try:
+            study = connect()
+            break
+        except Exception as error:
+            if attempt == 4 or type(error).__module__.split(".")[0] not in (
+                "sqlalchemy",
+                "alembic",
+            ):
+                raise
+            time.sleep(1 + attempt)
     done = (TrialState.COMPLETE, TrialState.PRUNED)
     fixed = {k.replace("-", "_"): v for k, v in spec.fixed.items()}
 
