@@ -16,6 +16,7 @@ validation set does not change with `--seed`.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -176,13 +177,13 @@ def split(dataset: Dataset[Any], val_fraction: float, source: Path) -> tuple[Sub
 def build_datasets(config: Config) -> tuple[Dataset, Dataset, DataInfo]:
     """Return (train, validation, info) for `config`: synthetic data unless --data-dir is set."""
     if config.data_dir is None:
-        shape = dict(
+        shape: dict[str, Any] = dict(
             num_classes=config.num_classes,
             image_size=config.image_size,
             noise=config.synthetic_noise,
         )
-        train = make_synthetic(config.train_samples, seed=1, **shape)
-        val = make_synthetic(config.val_samples, seed=2, **shape)
+        train: Dataset[Any] = make_synthetic(config.train_samples, seed=1, **shape)
+        val: Dataset[Any] = make_synthetic(config.val_samples, seed=2, **shape)
         return train, val, DataInfo(3, config.image_size, config.num_classes, in_memory=True)
 
     root = Path(config.data_dir)
@@ -247,7 +248,7 @@ class ResumableSampler(DistributedSampler):
         )
         self.start = 0
 
-    def __iter__(self):  # type: ignore[override]
+    def __iter__(self) -> Iterator[int]:
         return itertools.islice(super().__iter__(), self.start, None)
 
     def __len__(self) -> int:
