@@ -1,3 +1,7 @@
+#!/usr/bin/env -S uv run --script
+# /// script
+# dependencies = ["nox>=2025.2.9"]
+# ///
 """Task runner for this project: `nox -s tests`, `nox -s gpu`, `nox -s lint`, `nox -s typecheck`.
 
 `nox` alone runs tests, lint and typecheck. Each session installs the project into its own
@@ -28,6 +32,7 @@ from pathlib import Path
 
 import nox
 
+nox.needs_version = ">=2025.2.9"  # nox.project.dependency_groups
 nox.options.sessions = ["tests", "lint", "typecheck"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.default_venv_backend = "uv|virtualenv"
@@ -130,3 +135,7 @@ def typecheck(session: nox.Session) -> None:
     """mypy over src/ and tests/ with the settings in pyproject.toml's [tool.mypy]."""
     _install(session, "typecheck")
     session.run("python", "-m", "mypy", *session.posargs)
+
+
+if __name__ == "__main__":  # `./noxfile.py -s lint` or `uv run noxfile.py` work too
+    nox.main()

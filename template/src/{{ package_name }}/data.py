@@ -108,8 +108,8 @@ class ImageFolder(Dataset[tuple[torch.Tensor, int]]):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         path, label = self.samples[index]
         try:
-            with Image.open(path) as image:
-                image = image.convert("RGB").resize(
+            with Image.open(path) as opened:
+                image = opened.convert("RGB").resize(
                     (self.image_size, self.image_size), Image.Resampling.BILINEAR
                 )
                 data = bytearray(image.tobytes())
