@@ -210,3 +210,29 @@ def test_generated_lint_session_builds_its_environment_with_uv(rendered, tmp_pat
     ruff = pin(pyproject(project)["dependency-groups"]["lint"], "ruff")
     version = run([project / ".nox" / "lint" / "bin" / "ruff", "--version"], project).stdout
     assert version.split() == ["ruff", ruff]
+
+
+CONFLICT_MARKER = re.compile(r"^(<<<<<<< |=======$|>>>>>>> )", re.M)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_render_passes_the_hygiene_hooks(rendered, name):
+    """What the hooks check, done here (they are fetched from GitHub, which tests cannot
+    reach): a fresh project must not fail its own first commit."""
+    project = rendered[name]
+    config = yaml.safe_load((project / ".pre-commit-config.yaml").read_text())
+    (large,) = [
+        h for r in config["repos"] for h in r["hooks"] if h["id"] == "check-added-large-files"
+    ]
+    max_kb = int(large["args"][0].split("=")[1])
+    for path in sorted(p for p in project.rglob("*") if p.is_file() and ".git" not in p.parts):
+        relative, data = path.relative_to(project).as_posix(), path.read_bytes()
+        assert len(data) <= max_kb * 1024, f"{relative} is over {max_kb} KB"
+        text = data.decode()
+        assert not text or (text.endswith("\n") and not text.endswith("\n\n")), relative
+        assert not re.search(r"[ \t]+$", text, re.M), f"{relative}: trailing whitespace"
+        assert not CONFLICT_MARKER.search(text), f"{relative}: a conflict marker"
+        if path.suffix in (".yml", ".yaml"):
+            list(yaml.safe_load_all(text))
+        if path.suffix == ".toml":
+            tomllib.loads(text)
