@@ -33,6 +33,7 @@ import math
 import os
 import platform
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -51,7 +52,7 @@ from torch.utils.data import DataLoader, Dataset
 from . import utils
 from .config import Config, build_parser, parse_config
 from .data import DataInfo, build_datasets
-from .model import build_model_for
+from .train import build_model_for  # model.build_model_for, or one line on what to add
 
 # Dense bf16 tensor-core peaks in TFLOP/s from NVIDIA's datasheets (the "with sparsity" figures
 # are twice these). Matched against torch.cuda.get_device_name() in order; a device that matches
@@ -804,6 +805,7 @@ def section_loop_overhead(ctx: Context) -> dict[str, Any]:
     # train()'s first stamp comes after its step 1, the bare run's before its step 1: one
     # more skipped interval here makes both start at the same step.
     bare = step_intervals(run_bare(first_half + warmup + 1), warmup + 1)
+    shutil.rmtree(run_dir, ignore_errors=True)  # a scratch run: an earlier one is not kept
     with contextlib.redirect_stdout(io.StringIO()):
         train(loop_config, on_step=on_step)
     if len(stamps) < warmup + 3:
