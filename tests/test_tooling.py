@@ -205,8 +205,10 @@ def test_generated_lint_session_builds_its_environment_with_uv(rendered, tmp_pat
     if importlib.util.find_spec("uv") is None and shutil.which("uv") is None:
         pytest.skip("uv is not installed")
     project = shutil.copytree(rendered[NAMES[0]], tmp_path / "project")
-    result = run([sys.executable, "-m", "nox", "-s", "lint"], project)
-    assert "Creating virtual environment (uv)" in result.stdout + result.stderr
+    # Whether ruff then finds problems is the lint session's business (tests/test_docs.py and
+    # the template's own lint session run it): this test is about the environment.
+    result = run([sys.executable, "-m", "nox", "-s", "lint"], project, check=False)
+    assert "Creating virtual environment (uv)" in result.stdout + result.stderr, result.stderr
     ruff = pin(pyproject(project)["dependency-groups"]["lint"], "ruff")
     version = run([project / ".nox" / "lint" / "bin" / "ruff", "--version"], project).stdout
     assert version.split() == ["ruff", ruff]
