@@ -4,7 +4,8 @@ How "every command shown in the docs was run by a test or by CI" is enforced
 ----------------------------------------------------------------------------
 1. Collect. Every command shown is collected from docs/*.md, README.md and the README of a
    freshly rendered project (template/README.md.jinja with default answers, so the package is
-   `my_torch_project`, the name the docs use):
+   `my_torch_project`, the name the docs use) and of its docs/template.md, the template's
+   reference page in the project:
    - each line of a ```bash, ```sh or ```shell block (continuation lines joined, comments
      skipped) and each `$ ` line of a ```console block, whose following lines are the output
      the page promises;
@@ -19,9 +20,10 @@ How "every command shown in the docs was run by a test or by CI" is enforced
      with SHRINK flags appended that only make the data small: the flags the page shows are
      all parsed and used), `copier copy/update/check-update` (the template source rewritten
      to a one-commit copy of this checkout, with `--defaults` so it cannot wait for input),
-     `nox --no-venv -s <session>` for the project's cheap sessions, `git`, `grep`, `ps`,
-     `python -c`. Each must exit 0, except a ```console command whose promised output is
-     checked and found. Commands that cannot see each other's output run side by side.
+     `nox --no-venv -s <session>` for the project's cheap sessions, `git` (`git commit` with
+     `--allow-empty`: the page's update, here to the same commit, may have changed nothing),
+     `grep`, `ps`, `python -c`. Each must exit 0, except a ```console command whose promised
+     output is checked and found. Commands that cannot see each other's output run side by side.
    - RUN BY THE GENERATED SUITE (which the render matrix runs in CI): the benchmark (minutes)
      and single-node `torchrun`, when a test of the rendered project runs the same module with
      every flag the page shows.
@@ -583,6 +585,8 @@ def pages(project) -> list[Page]:
     if (ROOT / "README.md").exists():
         found.append(parse_page("README.md", (ROOT / "README.md").read_text()))
     found.append(parse_page("template/README.md.jinja", (project / "README.md").read_text()))
+    guide = project / "docs" / "template.md"  # the template's reference page in the project
+    found.append(parse_page("template/docs/template.md.jinja", guide.read_text()))
     return found
 
 
@@ -876,10 +880,14 @@ def _rewrite(words: list[str], template_repo: Path) -> list[str]:
     if words[0] == "torchrun":
         shrink = SHRINK if any(w.endswith(".train") for w in words) else []
         return [sys.executable, "-m", "torch.distributed.run", *words[1:], *shrink]
+    if words[:2] == ["git", "commit"]:
+        # A page's commit follows its `copier update`, which here updates to the same commit
+        # and so changes nothing: the commit must not fail for having nothing to commit.
+        return [*words[:2], "--allow-empty", *words[2:]]
     if words[0] == "copier":
         words = [str(template_repo) if w in TEMPLATE_SOURCES else w for w in words]
         extra = [] if "--defaults" in words or words[1] == "check-update" else ["--defaults"]
-        if words[1] in ("copy", "update") and "--vcs-ref" not in words:
+        if words[1] in ("copy", "update") and not any(w.startswith("--vcs-ref") for w in words):
             extra += ["--vcs-ref", "HEAD"]
         return [sys.executable, "-m", "copier", words[1], *extra, *words[2:]]
     return words

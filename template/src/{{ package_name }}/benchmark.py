@@ -52,7 +52,7 @@ from torch.utils.data import DataLoader, Dataset
 from . import utils
 from .config import Config, build_parser, parse_config
 from .data import DataInfo, build_datasets
-from .model import build_model_for
+from .train import build_model_for  # model.build_model_for, or one line on what to add
 
 # Dense bf16 tensor-core peaks in TFLOP/s from NVIDIA's datasheets (the "with sparsity" figures
 # are twice these). Matched against torch.cuda.get_device_name() in order; a device that matches
