@@ -2,18 +2,24 @@
 
     nox -s demo      render a project with default answers into build/demo, train one epoch
     nox              the full suite CI runs (.ci/run): demo, tests (update tests included),
-                     lint, docs, gpu
+                     lint, typecheck, docs, gpu
     nox -s tests     the template's pytest suite: rendering, answers, render matrix, update
     nox -s update    only the `copier update` tests
     nox -s gpu       on a GPU machine: render, run the project's GPU checks (`nox -s gpu` in the
                      render: GPU suite, torchrun DDP, compile modes, profiler, benchmark) and a
                      summary; skips without a GPU, fails when one is there but torch cannot use it
     nox -s lint      ruff over the template's own Python and over every rendered project
+    nox -s typecheck mypy over the noxfile and tests/, then over every rendered project
     nox -s docs      build the documentation site with mkdocs --strict into build/site
 
 torch is installed once: the hidden `env` session builds one virtual environment (.nox/env)
-with torch, copier, pytest, ruff and the generated projects' dependencies, and every other
-session runs in it. TORCH_SPEC overrides the torch requirement (default torch==2.13.0).
+with torch, copier, pytest, ruff, mypy and the generated projects' dependencies, and every
+other session runs in it. It is made with uv when uv is installed (`pip install uv`: several
+times faster) and with virtualenv and pip otherwise. uv does not read pip's configuration, so
+the wheel folders, indexes and constraints pip is configured with are handed to uv.
+TORCH_SPEC overrides the torch requirement (default torch==2.13.0); TORCH_BACKEND chooses
+the wheel as in the generated projects (`auto`: the CPU build on a machine without a GPU;
+`none`: whatever the configured package indexes hold).
 
 On a GPU machine with torch preinstalled and no package index, skip the environment and use the
 `python` on PATH (it needs torch, copier and pytest; see README, GPU checks):
@@ -25,7 +31,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +44,26 @@ from nox.command import CommandFailed
 ROOT = Path(__file__).resolve().parent
 BUILD = ROOT / "build"
 TORCH = os.environ.get("TORCH_SPEC", "torch==2.13.0")
+TORCH_BACKEND = os.environ.get("TORCH_BACKEND", "auto")
+PYTORCH_INDEX = "https://download.pytorch.org/whl/"
+
+
+def _pinned(tool: str) -> str:
+    """The one pin of a development tool: the generated projects' dependency groups."""
+    text = (ROOT / "template" / "pyproject.toml.jinja").read_text()
+    found = re.search(rf'"({re.escape(tool)}==[^"]+)"', text)
+    assert found, f"template/pyproject.toml.jinja pins no {tool}"
+    return found[1]
+
+
 ENV_PACKAGES = [
-    TORCH,
     "copier>=9.13,<10",  # the lower bound is MIN_COPIER's minor version
     "pytest>=8",
-    "ruff>=0.6",
+    _pinned("ruff"),  # the renders are linted and type-checked with the versions they pin
+    _pinned("mypy"),
     "nox",  # the docs tests run the generated projects' own nox sessions with --no-venv
     "setuptools>=77",  # rendered projects are installed with --no-build-isolation
+    "pip",  # the tests pip-install the renders; a uv-made environment has no pip of its own
     # The generated projects' own dependencies, so they install with --no-deps.
     "numpy>=1.24",
     "tqdm>=4.60",
@@ -59,6 +81,7 @@ ENV_PACKAGES = [
 NO_CUDA = "no CUDA device: GPU checks skipped"
 # The generated projects' GPU probe, stand-alone (stdlib + torch), so it runs by path here.
 CUDA_CHECK = ROOT / "template" / "src" / "{{ package_name }}" / "cuda_check.py"
+PY_VERSION = "import sys; print('%d.%d' % sys.version_info[:2])"
 # copier.yml's _min_copier_version: the `tests` session also runs the update tests on it.
 MIN_COPIER = "9.13.0"
 # The update tests rerun on it: check-update (the generated CI's job), a merge, a conflict found
@@ -71,8 +94,9 @@ MIN_COPIER_TESTS = (
 
 # What CI runs (.ci/run names them explicitly, as the README does): the demo too, so the
 # README's first command is proven on every run.
-nox.options.sessions = ["demo", "tests", "lint", "docs", "gpu"]
+nox.options.sessions = ["demo", "tests", "lint", "typecheck", "docs", "gpu"]
 nox.options.error_on_missing_interpreters = True
+nox.options.default_venv_backend = "uv|virtualenv"
 
 
 def _load_matrix() -> tuple[dict[str, dict[str, Any]], Any, str]:
@@ -101,13 +125,65 @@ def env(session: nox.Session) -> None:
     if session.venv_backend == "none":  # --no-venv: take the interpreter as it is
         _require_modules(session, ["torch", "copier", "pytest"])
         return
-    session.install(*ENV_PACKAGES)
+    args, env = _torch_source(session)
+    uv_args = _pip_config_for_uv() if session.venv_backend == "uv" else []
+    session.install(TORCH, *args, *uv_args, env=env)
+    session.install(*ENV_PACKAGES, *uv_args)
     Env.python = str(Path(session.bin) / "python")
     # Subprocesses (copier's, the rendered projects' suites) find this environment first.
     Env.run_env = {
         "PATH": os.pathsep.join([session.bin, os.environ.get("PATH", "")]),
         "VIRTUAL_ENV": str(Path(session.bin).parent),
     }
+
+
+def _torch_source(session: nox.Session) -> tuple[list[str], dict[str, str]]:
+    """Installer arguments and environment that choose the torch wheel (see TORCH_BACKEND)."""
+    if TORCH_BACKEND == "none":
+        return [], {}
+    if session.venv_backend == "uv":
+        return [], {"UV_TORCH_BACKEND": TORCH_BACKEND}
+    backend = TORCH_BACKEND
+    if backend == "auto":  # PyPI's Linux wheel is the CUDA build: gigabytes a CPU never uses
+        no_gpu = sys.platform == "linux" and shutil.which("nvidia-smi") is None
+        backend = "cpu" if no_gpu else ""
+    return (["--index-url", PYTORCH_INDEX + backend] if backend else []), {}
+
+
+PIP_TO_UV = {
+    "find-links": "--find-links",
+    "index-url": "--index-url",
+    "extra-index-url": "--extra-index-url",
+    "constraint": "--constraint",
+}
+
+
+def _pip_config_for_uv() -> list[str]:
+    """pip's configured wheel folders, indexes and constraints (`pip config list`: files and
+    PIP_* variables) as uv arguments, so uv installs what pip would have."""
+    try:
+        listed = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):  # no pip next to nox: nothing configured
+        return []
+    args: list[str] = []
+    for line in listed.splitlines():
+        key, _, value = line.partition("=")
+        flag = PIP_TO_UV.get(key.rsplit(".", 1)[-1])
+        if flag is None:
+            continue
+        for item in value.strip().strip("'\"").split():
+            if item not in args:
+                args += [flag, item]
+    if "--index-url" in args or "--extra-index-url" in args:
+        # pip takes the best version from all its indexes; uv only trusts the first that has
+        # the package unless told otherwise.
+        args += ["--index-strategy", "unsafe-best-match"]
+    return args
 
 
 def _require_modules(session: nox.Session, modules: list[str]) -> None:
@@ -233,6 +309,25 @@ def lint(session: nox.Session) -> None:
     failed = [str(folder) for folder in folders if not _ruff_passes(session, folder)]
     if failed:
         session.error(f"ruff found problems in: {', '.join(failed)}")
+
+
+@nox.session(venv_backend="none", requires=["env"])
+def typecheck(session: nox.Session) -> None:
+    """mypy over the noxfile and tests/, then over every render with the render's settings."""
+    # One cache for all: torch is analysed once (the slow part), each render then takes
+    # seconds. Renders are checked for the running Python, as the matrix tests them.
+    cache = ["--cache-dir", str(BUILD / "mypy_cache")]
+    version = ["--python-version", _run(session, "-c", PY_VERSION, silent=True).strip()]
+    folders = [ROOT] + [_render(session, BUILD / "typecheck" / n, a) for n, a in MATRIX.items()]
+    failed = []
+    for folder in folders:
+        session.chdir(folder)  # the folder's pyproject.toml holds its [tool.mypy] settings
+        try:
+            _run(session, "-m", "mypy", *cache, *([] if folder == ROOT else version))
+        except CommandFailed:
+            failed.append(str(folder))
+    if failed:
+        session.error(f"mypy found problems in: {', '.join(failed)}")
 
 
 @nox.session(venv_backend="none", requires=["env"])

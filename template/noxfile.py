@@ -1,9 +1,22 @@
-"""Task runner for this project: `nox -s tests`, `nox -s gpu`, `nox -s lint`.
+#!/usr/bin/env -S uv run --script
+# /// script
+# dependencies = ["nox>=2025.2.9"]
+# ///
+"""Task runner for this project: `nox -s tests`, `nox -s gpu`, `nox -s lint`, `nox -s typecheck`.
 
-`nox` alone runs tests and lint. Each session installs the project into its own virtual
-environment. On a GPU machine without a package index (common on clusters), run the checks in
-the interpreter that runs nox, which must already have torch and this project's test
-dependencies (the project itself need not be installed: src/ goes on PYTHONPATH):
+`nox` alone runs tests, lint and typecheck. Each session installs the project into its own
+virtual environment, made with uv when uv is installed (much faster) and virtualenv + pip
+otherwise. The development tools come from pyproject.toml's dependency groups.
+
+Which torch: TORCH_BACKEND picks the wheel (default `auto`). Under uv that is uv's
+`--torch-backend` (auto: the CUDA build that matches this machine's driver, the CPU build
+without a GPU); under pip, `auto` takes PyTorch's CPU index on Linux without `nvidia-smi`
+and PyPI's wheel otherwise, and `cpu`, `cu128`... name a PyTorch index. TORCH_BACKEND=none
+leaves torch to the package index you configured (a mirror, a wheel folder).
+
+On a GPU machine without a package index (common on clusters), run the checks in the current
+interpreter, which already has torch and this project's test dependencies (the project itself
+need not be installed: src/ goes on PYTHONPATH):
 
     python -m nox --no-venv -s gpu        # --no-venv is short for --force-venv-backend none
 
@@ -13,6 +26,7 @@ Set TORCH_SPEC (for example "torch==2.6.0") to pin the torch that sessions insta
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -20,10 +34,15 @@ from pathlib import Path
 import nox
 from nox.command import CommandFailed
 
-nox.options.sessions = ["tests", "lint"]
+nox.needs_version = ">=2025.2.9"  # nox.project.dependency_groups
+nox.options.sessions = ["tests", "lint", "typecheck"]
 nox.options.reuse_existing_virtualenvs = True
+nox.options.default_venv_backend = "uv|virtualenv"
 
 TORCH = os.environ.get("TORCH_SPEC", "torch")
+TORCH_BACKEND = os.environ.get("TORCH_BACKEND", "auto")
+PYTORCH_INDEX = "https://download.pytorch.org/whl/"
+PYPROJECT = nox.project.load_toml("pyproject.toml")
 NO_CUDA = "no CUDA device: GPU checks skipped"
 
 
@@ -37,13 +56,33 @@ def _python(session: nox.Session) -> str:
     return sys.executable if _uses_current_interpreter(session) else "python"
 
 
-def _install(session: nox.Session) -> None:
-    """Install torch and the project with its test extra, unless running in --no-venv mode
-    (then the interpreter's packages are used as they are: offline machines cannot install)."""
+def _groups(*names: str) -> tuple[str, ...]:
+    """The requirements of pyproject.toml's dependency groups (any pip or uv can install)."""
+    return nox.project.dependency_groups(PYPROJECT, *names)
+
+
+def _torch_source(session: nox.Session) -> tuple[list[str], dict[str, str]]:
+    """Installer arguments and environment that choose the torch wheel (see TORCH_BACKEND)."""
+    if TORCH_BACKEND == "none":
+        return [], {}
+    if session.venv_backend == "uv":
+        return [], {"UV_TORCH_BACKEND": TORCH_BACKEND}
+    backend = TORCH_BACKEND
+    if backend == "auto":  # PyPI's Linux wheel is the CUDA build: gigabytes a CPU never uses
+        no_gpu = sys.platform == "linux" and shutil.which("nvidia-smi") is None
+        backend = "cpu" if no_gpu else ""
+    return (["--index-url", PYTORCH_INDEX + backend] if backend else []), {}
+
+
+def _install(session: nox.Session, *groups: str) -> None:
+    """Install torch, the project and the named dependency groups, unless running in --no-venv
+    mode (then the interpreter's packages are used as they are: offline machines cannot
+    install)."""
     if _uses_current_interpreter(session):
         return
-    session.install(TORCH)
-    session.install("-e", ".[test]")
+    args, env = _torch_source(session)
+    session.install(TORCH, *args, env=env)
+    session.install("-e", ".", *_groups(*groups), env=env)
 
 
 def _env(session: nox.Session) -> dict[str, str]:
@@ -65,7 +104,7 @@ def _package() -> str:
 @nox.session
 def tests(session: nox.Session) -> None:
     """CPU test suite (`nox -s tests -- -m 'not slow'` passes arguments on to pytest)."""
-    _install(session)
+    _install(session, "test")
     pytest_args = session.posargs or ["-m", "not gpu"]
     session.run(_python(session), "-m", "pytest", *pytest_args, env=_env(session), external=True)
 
@@ -74,7 +113,7 @@ def tests(session: nox.Session) -> None:
 def gpu(session: nox.Session) -> None:
     """Every GPU path once, then a summary table; skips without a GPU, FAILS with one that
     torch cannot use (`nox -s gpu -- -k ddp` passes arguments on to the GPU tests)."""
-    _install(session)
+    _install(session, "test")
     python, package, env = _python(session), _package(), _env(session)
     # One line: torch, its CUDA, the GPUs, the driver; exit 1 if a GPU is there but unusable.
     report = str(
@@ -132,6 +171,17 @@ def _summary(report: str, results: list[tuple[str, bool, float]]) -> str:
 def lint(session: nox.Session) -> None:
     """ruff: lint and format check."""
     if not _uses_current_interpreter(session):
-        session.install("ruff")
+        session.install(*_groups("lint"))
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy over src/ and tests/ with the settings in pyproject.toml's [tool.mypy]."""
+    _install(session, "typecheck")
+    session.run(_python(session), "-m", "mypy", *session.posargs, external=True)
+
+
+if __name__ == "__main__":  # `./noxfile.py -s lint` or `uv run noxfile.py` work too
+    nox.main()

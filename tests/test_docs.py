@@ -333,7 +333,7 @@ def nox_sessions(noxfile: Path) -> tuple[set[str], list[str]]:
                     if isinstance(deco, ast.Call):
                         for kw in deco.keywords:
                             if kw.arg == "name" and isinstance(kw.value, ast.Constant):
-                                name = kw.value.value
+                                name = str(kw.value.value)
                     names.add(name)
         if (
             isinstance(node, ast.Assign)

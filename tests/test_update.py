@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import copier
 import pytest
@@ -78,7 +79,7 @@ def commit_all(repo: Path, message: str) -> None:
     git(repo, "commit", "-q", "-m", message)
 
 
-def update(project: Path, **kwargs: object) -> None:
+def update(project: Path, **kwargs: Any) -> None:
     copier.run_update(
         str(project), defaults=True, overwrite=True, unsafe=False, quiet=True, **kwargs
     )

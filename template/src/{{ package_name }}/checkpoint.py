@@ -230,7 +230,7 @@ def capture_rng_state(device: torch.device) -> dict[str, Any]:
         pass
     else:
         kind, keys, pos, has_gauss, gauss = np.random.get_state()
-        state["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, gauss)
+        state["numpy"] = (kind, torch.from_numpy(np.asarray(keys, np.int64)), pos, has_gauss, gauss)
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state

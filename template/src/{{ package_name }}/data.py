@@ -16,6 +16,7 @@ validation set does not change with `--seed`.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,8 +109,8 @@ class ImageFolder(Dataset[tuple[torch.Tensor, int]]):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         path, label = self.samples[index]
         try:
-            with Image.open(path) as image:
-                image = image.convert("RGB").resize(
+            with Image.open(path) as opened:
+                image = opened.convert("RGB").resize(
                     (self.image_size, self.image_size), Image.Resampling.BILINEAR
                 )
                 data = bytearray(image.tobytes())
@@ -194,13 +195,13 @@ def split(dataset: Dataset[Any], val_fraction: float, source: Path) -> tuple[Sub
 def build_datasets(config: Config) -> tuple[Dataset, Dataset, DataInfo]:
     """Return (train, validation, info) for `config`: synthetic data unless --data-dir is set."""
     if config.data_dir is None:
-        shape = dict(
+        shape: dict[str, Any] = dict(
             num_classes=config.num_classes,
             image_size=config.image_size,
             noise=config.synthetic_noise,
         )
-        train = make_synthetic(config.train_samples, seed=1, **shape)
-        val = make_synthetic(config.val_samples, seed=2, **shape)
+        train: Dataset[Any] = make_synthetic(config.train_samples, seed=1, **shape)
+        val: Dataset[Any] = make_synthetic(config.val_samples, seed=2, **shape)
         return train, val, DataInfo(3, config.image_size, config.num_classes, in_memory=True)
 
     root = Path(config.data_dir)
@@ -270,7 +271,7 @@ class ResumableSampler(DistributedSampler):
         )
         self.start = 0
 
-    def __iter__(self):  # type: ignore[override]
+    def __iter__(self) -> Iterator[int]:
         return itertools.islice(super().__iter__(), self.start, None)
 
     def __len__(self) -> int:

@@ -256,8 +256,9 @@ def train(
         stop = cleanup.enter_context(checkpoint.StopSignal())
         writer.write({**run, "step": global_step})  # after StopSignal: see test_train_processes
         meter = Meter(device, ctx.world_size)
+        samples = len(train_set)  # type: ignore[arg-type]  # a Dataset need not be Sized
         log(
-            f"training on {device} x{ctx.world_size} | {len(train_set)} samples, "
+            f"training on {device} x{ctx.world_size} | {samples} samples, "
             f"{steps_per_epoch} steps/epoch | workers {workers} | {config.precision} | "
             f"compile {'on' if compile_on else 'off'}"
         )
@@ -296,7 +297,7 @@ def train(
                     # of the step there is nothing worth reducing.
                     no_sync = ctx.enabled and micro < accum - 1
                     with (
-                        model.no_sync() if no_sync else contextlib.nullcontext(),
+                        model.no_sync() if no_sync else contextlib.nullcontext(),  # type: ignore[operator]
                         utils.anomaly_detection(config.detect_anomaly),
                     ):
                         with record_function("forward"), utils.autocast(device, config.precision):

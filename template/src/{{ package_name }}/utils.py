@@ -462,7 +462,7 @@ def to_device(batch: Any, device: torch.device | str) -> Any:
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
         return type(batch)(*(to_device(v, device) for v in batch))
     if isinstance(batch, (tuple, list)):
-        return type(batch)(to_device(v, device) for v in batch)  # type: ignore[call-arg]
+        return type(batch)(to_device(v, device) for v in batch)
     return batch
 
 
@@ -568,7 +568,9 @@ def clip_gradients(
         error_if_nonfinite = False
     if max_norm is None or max_norm == math.inf:
         return torch.nn.utils.get_total_norm(
-            [p.grad for p in params], norm_type, error_if_nonfinite=error_if_nonfinite
+            [p.grad for p in params if p.grad is not None],
+            norm_type,
+            error_if_nonfinite=error_if_nonfinite,
         )
     if max_norm <= 0:
         raise ValueError(f"max_norm must be > 0 (or None to only measure), got {max_norm}")
