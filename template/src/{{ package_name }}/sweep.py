@@ -40,16 +40,16 @@ from pathlib import Path
 from typing import Any
 
 try:
-    import tomllib
+    import tomllib  # type: ignore[import-not-found,unused-ignore]
 except ModuleNotFoundError:  # Python 3.10: the backport the project depends on there
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
 
 from .checkpoint import CheckpointError, Interrupted
 from .config import Config, ConfigError
 from .data import DataError
 from .train import train
 
-DIRECTIONS = {"val_acc": "maximize", "val_loss": "minimize"}
+DIRECTIONS: dict[str, Any] = {"val_acc": "maximize", "val_loss": "minimize"}
 
 
 @dataclasses.dataclass
@@ -146,6 +146,8 @@ def run_sweep(spec: Spec) -> Any:
 
         argument = "failed_trial_callback"
 
+    retry: dict[str, Any] = {argument: Retry(max_retry=3)}  # copies values and user_attrs
+
     def connect() -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -153,7 +155,7 @@ def run_sweep(spec: Spec) -> Any:
                 url,
                 heartbeat_interval=30,
                 grace_period=120,
-                **{argument: Retry(max_retry=3)},  # copies the values and user_attrs (run_dir)
+                **retry,
                 # SQLite: workers wait for each other's writes instead of failing on a lock.
                 engine_kwargs=dict(connect_args=dict(timeout=60))
                 if url.startswith("sqlite")

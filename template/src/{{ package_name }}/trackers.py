@@ -42,7 +42,11 @@ def open_tracker(
     """Start the named tracker, or raise TrackerError with one line saying why it cannot."""
     if name == "none":
         return None
-    kinds = {"tensorboard": TensorBoardTracker, "mlflow": MLflowTracker, "wandb": WandbTracker}
+    kinds: dict[str, Any] = {
+        "tensorboard": TensorBoardTracker,
+        "mlflow": MLflowTracker,
+        "wandb": WandbTracker,
+    }
     package = {"tensorboard": "tensorboard", "mlflow": "mlflow-skinny", "wandb": "wandb"}[name]
     try:
         return kinds[name](run_dir, experiment=experiment, uri=uri, resuming=resuming)
