@@ -469,10 +469,12 @@ class Runner:
         """A fresh copy of the project, for a command that runs beside the others."""
         self.copies += 1
         target = self.workspace / f"isolated{self.copies}"
+        outputs = {"runs", "profiles", "benchmarks", ".git"}  # at the top only: not the package
+        root = str(self.project)
         shutil.copytree(
             self.project,
             target,
-            ignore=shutil.ignore_patterns("runs", "profiles", "benchmarks", ".git"),
+            ignore=lambda folder, names: outputs.intersection(names) if folder == root else (),
         )
         return target
 
