@@ -13,3 +13,11 @@ def _fresh_state():
     yield
     torch._dynamo.reset()
     torch.use_deterministic_algorithms(False)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """The measured matmul peak (mfu.py) is cached per session, not in the user's home."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        yield

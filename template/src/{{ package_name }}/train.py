@@ -32,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 from tqdm import tqdm
 
-from . import checkpoint, distributed, utils
+from . import checkpoint, distributed, mfu, utils
 from .checkpoint import CheckpointError, Interrupted
 from .config import Config, ConfigError, parse_config
 from .data import DataError, ResumableSampler, build_datasets, shard
@@ -182,6 +182,19 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
                 "config": config.to_dict(),
             }
 
+        # FLOPs counted once (for the dataset's sample shape, on a meta copy), peaks measured
+        # once: each log line then gets achieved TFLOP/s and MFU for two divisions (mfu.py).
+        utilization = mfu.Utilization(
+            raw_model,
+            (info.in_channels, info.image_size, info.image_size),
+            info.num_classes,
+            config.batch_size,
+            device,
+            config.precision,
+            enabled=ctx.is_main,
+        )
+        if utilization.reason:
+            log(f"no MFU in metrics.jsonl: {utilization.reason}")
         writer = MetricsWriter(run_dir, enabled=ctx.is_main, tensorboard=config.tensorboard)
         cleanup.callback(writer.close)
         stop = cleanup.enter_context(checkpoint.StopSignal())
@@ -290,6 +303,7 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
                         "lr": optimizer.param_groups[0]["lr"],
                         **_memory(device),
                     }
+                    record.update(utilization.record(record["samples_per_s"] / ctx.world_size))
                     writer.write(record)
                     bar.set_postfix(loss=f"{record['loss']:.4f}", acc=f"{record['acc']:.3f}")
                     meter.reset()
