@@ -5,7 +5,7 @@ Two peaks, both per precision (fp32, tf32, bf16, fp16):
 - **measured**: the dense matmul rate this device reaches here, from a short calibration (big
   square GEMMs after a warm-up, median of several). It exists on every device (CPU, MPS, any
   GPU, a MIG slice) and is cached per device, precision, thread count and torch version in
-  `cache_dir()`, so it costs about a second once per machine.
+  `utils.cache_dir()`, so it costs about a second once per machine.
 - **datasheet**: NVIDIA's dense (no sparsity) tensor-core peak for known GPUs, as a second
   reference: what the hardware could do in principle. Not for MIG slices (a slice has a
   fraction of the GPU's cores) and not for CPUs.
@@ -30,6 +30,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from . import utils
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
@@ -109,12 +111,6 @@ def peak_tflops(device: torch.device, precision: str = "bf16") -> tuple[float | 
     return datasheet_peak(device, precision)
 
 
-def cache_dir() -> Path:
-    """Where calibrations are kept: $XDG_CACHE_HOME/<package> (default ~/.cache/<package>)."""
-    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(root) / __package__.split(".")[0]
-
-
 def _cache_key(device: torch.device, precision: str) -> str:
     raw = f"{device_name(device)}-{device.index or 0}-{precision}-torch{torch.__version__}"
     return re.sub(r"[^A-Za-z0-9.+-]+", "_", raw).strip("_")
@@ -140,7 +136,7 @@ def measured_peak(
     precision = matmul_precision(device, precision)
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    folder = cache if cache is not None else cache_dir()
+    folder = cache if cache is not None else utils.cache_dir()
     path = folder / f"peak-{_cache_key(device, precision)}.json"
     if not refresh:
         try:
@@ -177,8 +173,6 @@ def _time_matmul(
 ) -> tuple[float, int]:
     """(TFLOP/s, size) of square matmuls: the size doubles from 256 until one product takes
     20 ms or reaches `max_size`, so a slow path (fp16 on a CPU) costs seconds, not minutes."""
-    from . import utils
-
     generator = torch.Generator().manual_seed(0)
 
     def operands(size: int) -> tuple[torch.Tensor, torch.Tensor]:

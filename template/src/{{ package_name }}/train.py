@@ -71,9 +71,21 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
 
         # ---- data ---------------------------------------------------------------------------
         train_set, val_set, info = build_datasets(config)
-        workers = utils.resolve_num_workers(
-            config.num_workers, ctx.local_world_size, in_memory=info.in_memory
-        )
+        if config.num_workers == "auto" and not info.in_memory:  # measured once, then cached
+            workers, rates, cached = utils.auto_num_workers(
+                train_set,
+                batch_size=config.batch_size,
+                dataset_id=str(Path(str(config.data_dir)).resolve()),
+                world_size=ctx.local_world_size,
+                device=device,
+            )
+            found = ", ".join(f"{n}: {rate:.0f}" for n, rate in rates.items())
+            how = "cached" if cached else "measured now"
+            log(f"--num-workers auto: {workers} (samples/s per worker count, {how}: {found})")
+        else:
+            workers = utils.resolve_num_workers(
+                config.num_workers, ctx.local_world_size, in_memory=info.in_memory
+            )
         sampler = ResumableSampler(
             train_set, num_replicas=ctx.world_size, rank=ctx.rank, seed=config.seed
         )

@@ -2,7 +2,8 @@
 
 1. Seeding and determinism        seed_everything, seed_worker, set_deterministic
 2. Anomaly detection (debugging)  anomaly_detection, check_finite, diagnose_nonfinite
-3. DataLoader workers             resolve_num_workers, build_dataloader, tune_num_workers
+3. DataLoader workers             resolve_num_workers, build_dataloader, tune_num_workers,
+                                  auto_num_workers (measured, cached)
 4. pin_memory + non_blocking      build_dataloader (pins), to_device (non_blocking)
 5. torch.compile                  maybe_compile, unwrap_model
 6. Evaluation without autograd    evaluation_mode
@@ -21,13 +22,17 @@ import contextlib
 import copy
 import inspect
 import itertools
+import json
 import math
 import os
+import platform
 import random
 import re
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,9 +42,11 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 __all__ = [
     "NonFiniteLossError",
     "anomaly_detection",
+    "auto_num_workers",
     "autocast",
     "available_cpus",
     "build_dataloader",
+    "cache_dir",
     "check_finite",
     "clip_gradients",
     "diagnose_nonfinite",
@@ -276,7 +283,8 @@ def resolve_num_workers(
     "auto" shares the CPUs this process may use among the `world_size` ranks on this node
     and leaves one per rank for the main process, which runs the training loop. A dataset
     that is already a tensor in memory (`in_memory=True`) gets 0: workers would only add
-    inter-process copies. Measure with `tune_num_workers` for the real answer.
+    inter-process copies. This is the guess; `auto_num_workers` measures (what training's
+    `--num-workers auto` uses).
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -392,6 +400,98 @@ def tune_num_workers(
         raise ValueError("tune_num_workers needs at least one candidate")
     best = max(results, key=results.__getitem__)
     return best, results
+
+
+def cache_dir() -> Path:
+    """Where measurements are kept between runs: $XDG_CACHE_HOME/<package>, else
+    ~/.cache/<package>. Delete it to measure again (after a hardware change, say)."""
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / (__package__ or "torch-project").split(".")[0]
+
+
+def auto_num_workers(
+    dataset: Dataset[Any],
+    *,
+    batch_size: int,
+    dataset_id: str,
+    world_size: int = 1,
+    in_memory: bool = False,
+    device: torch.device | str | None = None,
+    num_batches: int = 8,
+    cache: Path | None = None,
+) -> tuple[int, dict[int, float], bool]:
+    """`--num-workers auto`: the fastest worker count measured on this dataset, cached.
+
+    Returns (workers, samples/s per candidate, whether it came from the cache). In-memory
+    data gets 0 without measuring. Otherwise `tune_num_workers` times a few batches per
+    candidate (0, 1, 2, 4, ... up to this rank's share of the CPUs), once per dataset
+    (`dataset_id`, its length, the batch size) and machine (CPU model and count, ranks per
+    node); the answer is kept in `cache` (default `cache_dir()`), so later runs start at
+    once. A measurement that cannot run falls back to `resolve_num_workers("auto")`.
+    """
+    if in_memory:
+        return 0, {}, False
+    share = max(1, available_cpus() // world_size)
+    candidates = sorted({0, *(n for n in (1, 2, 4, 8, 16, 32) if n <= share)})
+    key = "|".join(
+        [
+            dataset_id,
+            type(dataset).__name__,
+            str(len(dataset)),  # type: ignore[arg-type]
+            f"batch {batch_size}",
+            _cpu_name(),
+            f"{available_cpus()} cpus",
+            f"{world_size} ranks",
+        ]
+    )
+    path = (cache if cache is not None else cache_dir()) / "num_workers.json"
+    known: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        loaded = json.loads(path.read_text())
+        known = loaded if isinstance(loaded, dict) else {}
+    with contextlib.suppress(KeyError, ValueError, TypeError, AttributeError):
+        found = known[key]
+        rates = {int(k): float(v) for k, v in found["rates"].items()}
+        return int(found["best"]), rates, True
+    # Reading items may draw random numbers (augmentations in the main process, candidate
+    # 0): the run's random streams must not depend on whether the answer was cached.
+    python_state = random.getstate()
+    numpy_random = sys.modules.get("numpy.random")
+    numpy_state = numpy_random.get_state() if numpy_random is not None else None
+    try:
+        with torch.random.fork_rng(devices=[]):
+            best, rates = tune_num_workers(
+                dataset,
+                batch_size=batch_size,
+                candidates=candidates,
+                num_batches=num_batches,
+                device=device,
+            )
+    except (ValueError, RuntimeError):  # too small a dataset, workers that cannot start
+        return resolve_num_workers("auto", world_size), {}, False
+    finally:
+        random.setstate(python_state)
+        if numpy_random is not None:
+            numpy_random.set_state(numpy_state)
+    known[key] = {"best": best, "rates": rates}
+    try:  # atomically: ranks and runs on this machine share the file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        scratch.write_text(json.dumps(known, indent=1) + "\n")
+        scratch.replace(path)
+    except OSError:
+        pass  # a read-only home: measure again next time
+    return best, rates, False
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _cycle(loader: DataLoader[Any]) -> Iterator[Any]:

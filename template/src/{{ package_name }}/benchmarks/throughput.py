@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import mfu
+from .. import mfu, utils
 from .timing import Context, device_batch, fmt_timing, fresh_model, make_step, measure
 
 
@@ -80,6 +80,6 @@ def section_throughput(ctx: Context) -> dict[str, Any]:
         "notes": [
             f"step time from the {source}; precision {config.precision}; FLOPs counted "
             "once by torch.utils.flop_counter.FlopCounterMode on a meta-device copy; the "
-            f"measured peak is cached in {mfu.cache_dir()}"
+            f"measured peak is cached in {utils.cache_dir()}"
         ],
     }

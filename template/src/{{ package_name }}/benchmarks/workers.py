@@ -57,7 +57,18 @@ def section_workers(ctx: Context) -> dict[str, Any]:
             raise Skip(f"the dataset has fewer than --batch-size {config.batch_size} items")
         if info.in_memory:
             notes.append("the dataset is in memory: workers only add inter-process copies")
-        auto = utils.resolve_num_workers("auto", in_memory=info.in_memory)
+        # What `train --num-workers auto` picks: measured on this dataset (and cached for
+        # --data-dir, as train caches it; a temporary folder gets a throw-away cache).
+        auto, _, auto_cached = utils.auto_num_workers(
+            train_set,
+            batch_size=config.batch_size,
+            dataset_id=str(data_dir.resolve()),
+            in_memory=info.in_memory,
+            device=ctx.device,
+            cache=None
+            if ctx.data_dir is not None
+            else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-cache-"))),
+        )
         cpus = utils.available_cpus()
         candidates = sorted({0, *(n for n in (1, 2, 4, 8, 16, 32) if n <= cpus), cpus, auto})
         rows = []
@@ -112,14 +123,19 @@ def section_workers(ctx: Context) -> dict[str, Any]:
         ]
         for r in rows
     ]
+    rates = {r["workers"]: r["samples_per_s"] for r in rows}
+    auto_share = rates[auto] / rates[fastest]
     notes.append(
-        f"--num-workers auto chooses {auto} (CPUs available: {cpus}); fastest here: {fastest}"
+        f"--num-workers auto chooses {auto} ({'cached' if auto_cached else 'measured'}; "
+        f"CPUs available: {cpus}); fastest here: {fastest}; auto reaches {auto_share:.0%} "
+        "of the fastest in this sweep"
     )
     return {
         "dataset": source,
         "batch_size": config.batch_size,
         "cpus": cpus,
         "auto_workers": auto,
+        "auto_share_of_fastest": auto_share,
         "fastest_workers": fastest,
         "sweep": rows,
         "table": {"columns": ["workers", "samples/s ± IQR", "batch time ± IQR", ""], "rows": table},
