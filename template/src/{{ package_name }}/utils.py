@@ -417,14 +417,16 @@ def auto_num_workers(
     world_size: int = 1,
     in_memory: bool = False,
     device: torch.device | str | None = None,
-    num_batches: int = 8,
+    num_batches: int = 4,
+    rounds: int = 3,
     cache: Path | None = None,
 ) -> tuple[int, dict[int, float], bool]:
     """`--num-workers auto`: the fastest worker count measured on this dataset, cached.
 
     Returns (workers, samples/s per candidate, whether it came from the cache). In-memory
     data gets 0 without measuring. Otherwise `tune_num_workers` times a few batches per
-    candidate (0, 1, 2, 4, ... up to this rank's share of the CPUs), once per dataset
+    candidate (0, 1, 2, 4, ... up to this rank's share of the CPUs) in `rounds` interleaved
+    rounds, once per dataset
     (`dataset_id`, its length, the batch size) and machine (CPU model and count, ranks per
     node); the answer is kept in `cache` (default `cache_dir()`), so later runs start at
     once. A measurement that cannot run falls back to `resolve_num_workers("auto")`.
@@ -460,13 +462,22 @@ def auto_num_workers(
     numpy_state = numpy_random.get_state() if numpy_random is not None else None
     try:
         with torch.random.fork_rng(devices=[]):
-            best, rates = tune_num_workers(
-                dataset,
-                batch_size=batch_size,
-                candidates=candidates,
-                num_batches=num_batches,
-                device=device,
-            )
+            # Interleaved rounds in alternating order (a busy spell hits every count alike),
+            # the median rate per count; the fewest workers within 3% of the fastest win.
+            per_round: dict[int, list[float]] = {n: [] for n in candidates}
+            for index in range(rounds):
+                _, found = tune_num_workers(
+                    dataset,
+                    batch_size=batch_size,
+                    candidates=candidates[:: -1 if index % 2 else 1],
+                    num_batches=num_batches,
+                    device=device,
+                )
+                for count, rate in found.items():
+                    per_round[count].append(rate)
+            rates = {n: sorted(r)[len(r) // 2] for n, r in per_round.items()}
+            fastest = max(rates.values())
+            best = min(n for n, rate in rates.items() if rate >= 0.97 * fastest)
     except (ValueError, RuntimeError):  # too small a dataset, workers that cannot start
         return resolve_num_workers("auto", world_size), {}, False
     finally:
