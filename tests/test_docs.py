@@ -128,7 +128,12 @@ SHRINK = [
     "2",
 ]
 PROFILE_SHRINK = ["--profile-wait", "0", "--profile-warmup", "1", "--profile-steps", "1"]
-SHRINK_BY_MODULE = {"train": SHRINK, "profiling": [*SHRINK, *PROFILE_SHRINK]}
+TUNE_SHRINK = ["--steps", "2", "--rounds", "2"]
+SHRINK_BY_MODULE = {
+    "train": SHRINK,
+    "profiling": [*SHRINK, *PROFILE_SHRINK],
+    "tune": [*SHRINK, *TUNE_SHRINK],
+}
 # Too slow to run here (minutes); a test of the generated project must run it with the same flags.
 # (single-node torchrun starts three torch processes: the generated suite runs it already).
 COVERED_BY_PROJECT_TESTS = {f"{PACKAGE}.benchmark", "torch.distributed.run"}

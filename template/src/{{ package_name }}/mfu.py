@@ -158,6 +158,10 @@ def measured_peak(
         "device_name": device_name(device),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if (
+        device.type == "cpu" and _oversubscribed()
+    ):  # a CPU shared with other jobs now: use it, do not keep it
+        return {**result, "cached": False, "note": "not cached: the machine was busy"}
     try:  # atomically: concurrent runs on one machine share the cache
         folder.mkdir(parents=True, exist_ok=True)
         scratch = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -166,6 +170,14 @@ def measured_peak(
     except OSError:
         pass  # a read-only home: measure again next time
     return {**result, "cached": False}
+
+
+def _oversubscribed() -> bool:
+    """More runnable processes than 1.5x the CPUs: a CPU calibration now would be low."""
+    try:
+        return os.getloadavg()[0] > 1.5 * utils.available_cpus()
+    except (AttributeError, OSError):
+        return False
 
 
 def _time_matmul(
