@@ -280,6 +280,22 @@ class Utilization:
         self.peak = measured_peak(device, precision).get("tflops")
         self.datasheet = datasheet_peak(device, precision)[0]
 
+    @classmethod
+    def for_run(
+        cls, model: nn.Module, config: Any, info: Any, device: torch.device, enabled: bool
+    ) -> Utilization:
+        """For `train.py`: the sample shape and classes from the dataset's `DataInfo`."""
+        shape = (info.in_channels, info.image_size, info.image_size)
+        return cls(
+            model,
+            shape,
+            info.num_classes,
+            config.batch_size,
+            device,
+            config.precision,
+            enabled=enabled,
+        )
+
     def record(self, samples_per_s: float) -> dict[str, float]:
         """`tflops` achieved per device, `mfu` against the measured peak and, on a known GPU,
         `mfu_datasheet`; nothing when FLOPs are unknown."""

@@ -71,21 +71,18 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
 
         # ---- data ---------------------------------------------------------------------------
         train_set, val_set, info = build_datasets(config)
+        workers = utils.resolve_num_workers(
+            config.num_workers, ctx.local_world_size, in_memory=info.in_memory
+        )
         if config.num_workers == "auto" and not info.in_memory:  # measured once, then cached
             workers, rates, cached = utils.auto_num_workers(
                 train_set,
                 batch_size=config.batch_size,
-                dataset_id=str(Path(str(config.data_dir)).resolve()),
+                dataset_id=str(config.data_dir),
                 world_size=ctx.local_world_size,
                 device=device,
             )
-            found = ", ".join(f"{n}: {rate:.0f}" for n, rate in rates.items())
-            how = "cached" if cached else "measured now"
-            log(f"--num-workers auto: {workers} (samples/s per worker count, {how}: {found})")
-        else:
-            workers = utils.resolve_num_workers(
-                config.num_workers, ctx.local_world_size, in_memory=info.in_memory
-            )
+            log(f"--num-workers auto: {workers} ({'cached' if cached else 'measured'}: {rates})")
         sampler = ResumableSampler(
             train_set, num_replicas=ctx.world_size, rank=ctx.rank, seed=config.seed
         )
@@ -194,17 +191,8 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
                 "config": config.to_dict(),
             }
 
-        # FLOPs counted once (for the dataset's sample shape, on a meta copy), peaks measured
-        # once: each log line then gets achieved TFLOP/s and MFU for two divisions (mfu.py).
-        utilization = mfu.Utilization(
-            raw_model,
-            (info.in_channels, info.image_size, info.image_size),
-            info.num_classes,
-            config.batch_size,
-            device,
-            config.precision,
-            enabled=ctx.is_main,
-        )
+        # FLOPs counted once, peaks measured once: two divisions per log line (mfu.py).
+        utilization = mfu.Utilization.for_run(raw_model, config, info, device, ctx.is_main)
         if utilization.reason:
             log(f"no MFU in metrics.jsonl: {utilization.reason}")
         writer = MetricsWriter(run_dir, enabled=ctx.is_main, tensorboard=config.tensorboard)

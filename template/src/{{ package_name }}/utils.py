@@ -433,6 +433,8 @@ def auto_num_workers(
     """
     if in_memory:
         return 0, {}, False
+    if os.path.exists(dataset_id):  # a folder: the same one from any working directory
+        dataset_id = os.path.abspath(dataset_id)
     share = max(1, available_cpus() // world_size)
     candidates = sorted({0, *(n for n in (1, 2, 4, 8, 16, 32) if n <= share)})
     key = "|".join(
