@@ -35,7 +35,7 @@ BUILD = ROOT / "build"
 TORCH = os.environ.get("TORCH_SPEC", "torch==2.13.0")
 ENV_PACKAGES = [
     TORCH,
-    "copier>=9.4,<10",
+    "copier>=9.13,<10",  # the lower bound is MIN_COPIER's minor version
     "pytest>=8",
     "ruff>=0.6",
     "nox",  # the docs tests run the generated projects' own nox sessions with --no-venv
@@ -48,6 +48,14 @@ ENV_PACKAGES = [
     "mkdocs-material>=9.5",  # the docs session and tests/test_docs.py build the site
 ]
 NO_CUDA = "no CUDA device: GPU checks skipped"
+# copier.yml's _min_copier_version: the `tests` session also runs the update tests on it.
+MIN_COPIER = "9.13.0"
+# The update tests rerun on it: check-update, merge, conflict, undo and rename (a few updates
+# each, so the rerun costs under a minute); the history replay runs on the newest copier only.
+MIN_COPIER_TESTS = (
+    "test_the_copier_under_test_is_the_one_expected or test_user_edits_survive "
+    "or test_conflicts_renames_and_the_readme or test_the_package_is_renamed"
+)
 
 # What CI runs (.ci/run names them explicitly, as the README does): the demo too, so the
 # README's first command is proven on every run.
@@ -144,12 +152,27 @@ def tests(session: nox.Session) -> None:
     """The template's pytest suite (`nox -s tests -- -k render` passes arguments to pytest)."""
     # The slowest tests in the log: CI time is a budget (well under 30 minutes on 2 cores).
     _run(session, "-m", "pytest", "--durations=15", *session.posargs)
+    if not session.posargs:  # the whole suite: the update tests once more, on the oldest copier
+        _update_tests_on_min_copier(session)
 
 
 @nox.session(venv_backend="none", requires=["env"])
 def update(session: nox.Session) -> None:
-    """Only the `copier update` tests (also part of `tests`)."""
+    """Only the `copier update` tests (also part of `tests`), then again on the oldest copier."""
     _run(session, "-m", "pytest", "-m", "update", *session.posargs)
+    _update_tests_on_min_copier(session)
+
+
+def _update_tests_on_min_copier(session: nox.Session) -> None:
+    """The fast update tests with copier==MIN_COPIER, installed once into build/ and put first
+    on PYTHONPATH (so it shadows the environment's newer copier, dependencies included)."""
+    target = BUILD / f"copier-{MIN_COPIER}"
+    if not (target / "copier" / "__init__.py").is_file():
+        shutil.rmtree(target, ignore_errors=True)
+        _run(session, "-m", "pip", "install", "--quiet", "--target", target,
+             f"copier=={MIN_COPIER}")  # fmt: skip
+    env = {"PYTHONPATH": str(target), "EXPECT_COPIER_VERSION": MIN_COPIER}
+    _run(session, "-m", "pytest", "-p", "no:cacheprovider", "-k", MIN_COPIER_TESTS, env=env)
 
 
 @nox.session(venv_backend="none", requires=["env"])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import GIT_IDENTITY, MATRIX_DIR, render
+from helpers import GIT_IDENTITY, KILL_RATES, MATRIX_DIR, render
 from matrix import MATRIX
 
 
@@ -26,3 +26,9 @@ def rendered() -> dict[str, Path]:
     shutil.rmtree(MATRIX_DIR, ignore_errors=True)
     MATRIX_DIR.mkdir(parents=True)
     return {name: render(MATRIX_DIR / name, answers) for name, answers in MATRIX.items()}
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print the mutation tests' kill rates, so CI's log shows them."""
+    for line in KILL_RATES:
+        terminalreporter.write_line(line)

@@ -39,6 +39,15 @@ def test_bad_package_name_is_refused(tmp_path, answer, word):
     assert not dest.exists() or not any(dest.iterdir())
 
 
+def test_a_package_name_too_long_for_a_file_system_is_refused(tmp_path):
+    dest = tmp_path / "project"
+    with pytest.raises(ValueError) as excinfo:
+        render(dest, {"package_name": "a" * 300})  # Copier itself would fail: name too long
+    message = _message(excinfo)
+    assert "package_name is 300 characters long; use at most 64" in message
+    assert not dest.exists() or not any(dest.iterdir())
+
+
 def test_bad_email_is_refused(tmp_path):
     dest = tmp_path / "project"
     with pytest.raises(ValueError) as excinfo:

@@ -4,7 +4,8 @@ How "every command shown in the docs was run by a test or by CI" is enforced
 ----------------------------------------------------------------------------
 1. Collect. Every command shown is collected from docs/*.md, README.md and the README of a
    freshly rendered project (template/README.md.jinja with default answers, so the package is
-   `my_torch_project`, the name the docs use):
+   `my_torch_project`, the name the docs use) and of its docs/template.md, the template's
+   reference page in the project:
    - each line of a ```bash, ```sh or ```shell block (continuation lines joined, comments
      skipped) and each `$ ` line of a ```console block, whose following lines are the output
      the page promises;
@@ -19,9 +20,10 @@ How "every command shown in the docs was run by a test or by CI" is enforced
      with SHRINK flags appended that only make the data small: the flags the page shows are
      all parsed and used), `copier copy/update/check-update` (the template source rewritten
      to a one-commit copy of this checkout, with `--defaults` so it cannot wait for input),
-     `nox --no-venv -s <session>` for the project's cheap sessions, `git`, `grep`, `ps`,
-     `python -c`. Each must exit 0, except a ```console command whose promised output is
-     checked and found. Commands that cannot see each other's output run side by side.
+     `nox --no-venv -s <session>` for the project's cheap sessions, `git` (`git commit` with
+     `--allow-empty`: the page's update, here to the same commit, may have changed nothing),
+     `grep`, `ps`, `python -c`. Each must exit 0, except a ```console command whose promised
+     output is checked and found. Commands that cannot see each other's output run side by side.
    - RUN BY THE GENERATED SUITE (which the render matrix runs in CI): the benchmark (minutes)
      and single-node `torchrun`, when a test of the rendered project runs the same module with
      every flag the page shows.
@@ -35,6 +37,16 @@ How "every command shown in the docs was run by a test or by CI" is enforced
      real argument parsers, so a renamed flag fails here too.
 3. Not vacuous: every page named in issue 8 must show at least one checked command, and the
    total must not drop below a floor.
+
+Python snippets (```python blocks on the pages in SNIPPET_PAGES, the techniques page) are run
+too, each in a fresh process forked from one that has imported torch and the rendered
+project's package, with a scratch folder as its working directory: a snippet must be complete
+on its own (its imports included) and exit without an exception. A snippet whose first line is
+`# not run in CI: needs a GPU` is traced instead of run: it must compile, its imports must
+succeed, and every dotted name it takes from an imported module (`torch.cuda.Stream`,
+`F.cross_entropy`) must exist, so a renamed API fails here too. A ```python block with
+`title="..."` is a file for the commands, not a snippet. The tests a page names as
+`tests/<file>.py::<test>` must exist in the rendered project.
 """
 
 from __future__ import annotations
@@ -81,12 +93,17 @@ REQUIRED_PAGES = [
 PAGES_WITH_COMMANDS = [
     "getting-started.md",
     "training.md",
+    "reliability.md",
     "profiling.md",
     "gpu.md",
     "updating.md",
     "troubleshooting.md",
 ]
 MIN_COMMANDS = 30
+# Pages whose ```python blocks are snippets to run (see the module docstring).
+SNIPPET_PAGES = ["techniques.md"]
+MIN_SNIPPETS = 14  # the techniques page: raw PyTorch and the template's call, per technique
+SNIPPET_SECONDS = 120  # per snippet; a hung DataLoader worker must not hang CI
 
 MARKER = re.compile(r"\s+#\s*not run in CI:\s*(?P<reason>.+)$")
 ALLOWED_REASONS = ("needs a GPU", "needs a cluster", "needs a SLURM cluster")
@@ -155,9 +172,21 @@ class Command:
 
 
 @dataclass
+class Snippet:
+    page: str
+    line: int  # the line of the opening fence
+    code: str
+    reason: str | None = None  # `# not run in CI:` on its first line: traced, not run
+
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+@dataclass
 class Page:
     name: str
     commands: list[Command] = field(default_factory=list)
+    snippets: list[Snippet] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)  # title -> content
     inline: list[Command] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -197,6 +226,11 @@ def parse_page(name: str, text: str) -> Page:
             page.commands += _console_commands(name, body)
         elif not lang:
             page.problems.append(f"{name}:{start}: a fence without a language; say what it holds")
+        elif lang == "python":
+            code = "\n".join(line for _, line in body) + "\n"
+            first = code.lstrip().splitlines()[0] if code.strip() else ""
+            marker = re.match(r"^#\s*not run in CI:\s*(?P<reason>.+)$", first)
+            page.snippets.append(Snippet(name, start, code, marker["reason"] if marker else None))
         else:
             for number, line in body:
                 if lang not in ("python", "toml", "yaml", "text") and COMMANDY.match(line):
@@ -558,6 +592,8 @@ def pages(project) -> list[Page]:
     if (ROOT / "README.md").exists():
         found.append(parse_page("README.md", (ROOT / "README.md").read_text()))
     found.append(parse_page("template/README.md.jinja", (project / "README.md").read_text()))
+    guide = project / "docs" / "template.md"  # the template's reference page in the project
+    found.append(parse_page("template/docs/template.md.jinja", guide.read_text()))
     return found
 
 
@@ -851,10 +887,14 @@ def _rewrite(words: list[str], template_repo: Path) -> list[str]:
     if words[0] == "torchrun":
         shrink = SHRINK if any(w.endswith(".train") for w in words) else []
         return [sys.executable, "-m", "torch.distributed.run", *words[1:], *shrink]
+    if words[:2] == ["git", "commit"]:
+        # A page's commit follows its `copier update`, which here updates to the same commit
+        # and so changes nothing: the commit must not fail for having nothing to commit.
+        return [*words[:2], "--allow-empty", *words[2:]]
     if words[0] == "copier":
         words = [str(template_repo) if w in TEMPLATE_SOURCES else w for w in words]
         extra = [] if "--defaults" in words or words[1] == "check-update" else ["--defaults"]
-        if words[1] in ("copy", "update") and "--vcs-ref" not in words:
+        if words[1] in ("copy", "update") and not any(w.startswith("--vcs-ref") for w in words):
             extra += ["--vcs-ref", "HEAD"]
         return [sys.executable, "-m", "copier", words[1], *extra, *words[2:]]
     return words
@@ -975,3 +1015,211 @@ def test_every_copier_question_is_documented_with_its_default_and_choices():
         elif isinstance(default, str) and "{{" not in default and default not in row:
             problems.append(f"{name}: default {default!r} not in its row")
     assert not problems, "\n".join(problems)
+
+
+# --------------------------------------------------------------------------------------------
+# Python snippets
+# --------------------------------------------------------------------------------------------
+
+# Imports torch and the project's package once, then forks one child per snippet: each child
+# starts from that state (no RNG, determinism or anomaly setting left over by another snippet)
+# and pays only for its own work. Nothing has run in the parent, so no thread pool is forked.
+SNIPPET_DRIVER = r"""
+import ast, json, os, signal, sys, time, traceback, types
+import torch
+import my_torch_project.utils
+
+def dotted(node):
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return [node.id, *reversed(parts)] if isinstance(node, ast.Name) else None
+
+def trace(code, name):
+    tree = ast.parse(code, name)
+    compile(tree, name, "exec")
+    namespace = {"__name__": "__traced__"}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            exec(compile(ast.Module([node], []), name, "exec"), namespace)
+    for node in ast.walk(tree):
+        chain = dotted(node) if isinstance(node, ast.Attribute) else None
+        if chain and isinstance(namespace.get(chain[0]), types.ModuleType):
+            value = namespace[chain[0]]
+            for index, part in enumerate(chain[1:], 1):
+                if not hasattr(value, part):
+                    missing = ".".join(chain[: index + 1])
+                    raise AttributeError(f"line {node.lineno}: {missing} does not exist")
+                value = getattr(value, part)
+
+snippets = json.load(open(sys.argv[1]))
+results = []
+for snippet in snippets:
+    os.makedirs(snippet["cwd"], exist_ok=True)
+    output = os.path.join(snippet["cwd"], "output.txt")
+    start = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.chdir(snippet["cwd"])
+            fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            signal.alarm(snippet["limit"])
+            if snippet["trace"]:
+                trace(snippet["code"], snippet["name"])
+            else:
+                exec(compile(snippet["code"], snippet["name"], "exec"), {"__name__": "__main__"})
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    with open(output) as file:
+        text = file.read()
+    results.append({
+        "code": os.waitstatus_to_exitcode(status),
+        "output": text[-3000:],
+        "seconds": time.perf_counter() - start,
+    })
+json.dump(results, sys.stdout)
+"""
+
+
+def _snippets() -> list[Snippet]:
+    found: list[Snippet] = []
+    for name in SNIPPET_PAGES:
+        found += parse_page(f"docs/{name}", (DOCS / name).read_text()).snippets
+    return found
+
+
+def test_the_snippet_collector_finds_what_it_should():
+    sample = "\n".join(
+        [
+            "```python",
+            "import torch",
+            "```",
+            "",
+            "```python",
+            "# not run in CI: needs a GPU",
+            "torch.cuda.synchronize()",
+            "```",
+            "",
+            '```python title="helper.py"',
+            "print(1)",
+            "```",
+        ]
+    )
+    page = parse_page("sample.md", sample)
+    assert [(s.line, s.reason) for s in page.snippets] == [(1, None), (5, "needs a GPU")]
+    assert page.snippets[0].code == "import torch\n"
+    assert page.files == {"helper.py": "print(1)\n"}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the snippet driver forks (POSIX only)")
+def test_every_snippet_on_the_techniques_page_runs(project, tmp_path):
+    snippets = _snippets()
+    assert len(snippets) >= MIN_SNIPPETS, f"only {len(snippets)} snippets found"
+    problems = [
+        f"{s.where()}: marker reason must be one of {ALLOWED_REASONS}, got {s.reason!r}"
+        for s in snippets
+        if s.reason is not None and s.reason not in ALLOWED_REASONS
+    ]
+    # A broken marker would trace instead of run: a snippet that runs on CPU must not carry it.
+    problems += [
+        f"{s.where()}: marked 'not run in CI' but never touches CUDA: it must be run"
+        for s in snippets
+        if s.reason is not None and not re.search(r"cuda|\bgpu\b", s.code.split("\n", 1)[1])
+    ]
+    plan = tmp_path / "snippets.json"
+    plan.write_text(
+        json.dumps(
+            [
+                {
+                    "name": s.where(),
+                    "code": s.code,
+                    "trace": s.reason is not None,
+                    "cwd": str(tmp_path / f"snippet{index}"),
+                    "limit": SNIPPET_SECONDS,
+                }
+                for index, s in enumerate(snippets)
+            ]
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", SNIPPET_DRIVER, str(plan)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(project / "src")},
+        capture_output=True,
+        text=True,
+        timeout=SNIPPET_SECONDS * len(snippets),
+    )
+    assert result.returncode == 0, f"snippet driver crashed:\n{result.stderr[-3000:]}"
+    for snippet, outcome in zip(snippets, json.loads(result.stdout), strict=True):
+        print(f"{outcome['seconds']:6.1f} s  {snippet.where()}")
+        if outcome["code"] != 0:
+            how = "traced" if snippet.reason else "run"
+            problems.append(
+                f"{snippet.where()}: the snippet failed when {how} "
+                f"(exit {outcome['code']}):\n{outcome['output']}"
+            )
+    assert not problems, "\n\n".join(problems)
+
+
+def test_the_snippet_driver_fails_a_broken_snippet(project, tmp_path):
+    """The runner itself: a raising snippet and a traced snippet naming a missing API fail,
+    a traced one is not executed, and a good one passes."""
+    if not hasattr(os, "fork"):
+        pytest.skip("the snippet driver forks (POSIX only)")
+    cases = {
+        "good": ("import torch\nassert torch.ones(1).item() == 1\n", False, 0),
+        "raises": ("import torch\nraise ValueError('broken')\n", False, 1),
+        "traced, not run": ("import torch\ntorch.cuda.synchronize('cuda:99')\n", True, 0),
+        "missing API": ("import torch\ntorch.cuda.no_such_function()\n", True, 1),
+    }
+    plan = tmp_path / "snippets.json"
+    plan.write_text(
+        json.dumps(
+            [
+                {
+                    "name": name,
+                    "code": code,
+                    "trace": trace,
+                    "cwd": str(tmp_path / str(i)),
+                    "limit": 60,
+                }
+                for i, (name, (code, trace, _)) in enumerate(cases.items())
+            ]
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", SNIPPET_DRIVER, str(plan)],
+        env={**os.environ, "PYTHONPATH": str(project / "src")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    outcomes = json.loads(result.stdout)
+    assert [o["code"] != 0 for o in outcomes] == [bool(c[2]) for c in cases.values()], outcomes
+    assert "broken" in outcomes[1]["output"]
+    assert "torch.cuda.no_such_function does not exist" in outcomes[3]["output"]
+
+
+def test_the_tests_the_techniques_page_names_exist(project):
+    """`tests/<file>.py::<test>` on the techniques page: a renamed test must not leave a
+    dangling reference behind."""
+    text = (DOCS / "techniques.md").read_text()
+    named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", text)
+    assert len(named) >= 7, named  # at least one per technique
+    missing = []
+    for path, test in named:
+        source = project / path
+        if not source.is_file() or not re.search(rf"^def {test}\(", source.read_text(), re.M):
+            missing.append(f"{path}::{test}")
+    assert not missing, f"docs/techniques.md names tests the project does not have: {missing}"

@@ -136,6 +136,44 @@ def check_update_step(project: Path) -> str:
     return result.stdout
 
 
+def test_the_copier_under_test_is_the_one_expected():
+    """The `update` and `tests` nox sessions rerun these tests on copier.yml's minimum copier,
+    installed apart and put first on PYTHONPATH: prove that it, not the newer one, ran."""
+    expected = os.environ.get("EXPECT_COPIER_VERSION")
+    if not expected:
+        pytest.skip("EXPECT_COPIER_VERSION not set: the environment's copier runs")
+    assert copier.__version__ == expected
+    cli = run([sys.executable, "-m", "copier", "--version"], ROOT)
+    assert expected in cli.stdout + cli.stderr
+
+
+def test_the_minimum_copier_version_is_the_same_everywhere():
+    """copier.yml's _min_copier_version, the nox session that tests it, and every pin shown to
+    users or installed by CI name the same version (the oldest with `copier check-update`)."""
+    minimum = yaml.safe_load((ROOT / "copier.yml").read_text())["_min_copier_version"]
+    major, minor = minimum.split(".")[:2]
+    assert (int(major), int(minor)) >= (9, 13), "copier check-update needs copier 9.13.0"
+    pin = f"copier>={major}.{minor},<{int(major) + 1}"
+    assert f'MIN_COPIER = "{minimum}"' in (ROOT / "noxfile.py").read_text()
+    places = [
+        ROOT / "noxfile.py",
+        ROOT / "README.md",
+        ROOT / "docs" / "updating.md",
+        ROOT
+        / "template"
+        / "{% if github_actions %}.github{% endif %}"
+        / "workflows"
+        / "ci.yml.jinja",
+    ]
+    problems = []
+    for place in places:
+        text = place.read_text()
+        pins = re.findall(r"copier>=[0-9.]+,<[0-9]+", text)
+        if not pins or set(pins) != {pin}:
+            problems.append(f"{place.relative_to(ROOT)}: {pins or 'no copier pin'}, want {pin}")
+    assert not problems, "\n".join(problems)
+
+
 def test_user_edits_survive_and_the_template_change_arrives(template_v1, project):
     package = project / "src" / PACKAGE
     edit(package / "model.py", r"^(?=def build_model\()", USER_LAYER.lstrip("\n"))
@@ -207,6 +245,13 @@ HISTORY_DEPTH = 5
 HISTORY_CANDIDATES = 12
 
 
+def skipped_on_update() -> list[str]:
+    """Files copier writes once and never updates (`_skip_if_exists`): README.md."""
+    skipped = yaml.safe_load((ROOT / "copier.yml").read_text())["_skip_if_exists"]
+    assert skipped == ["README.md"], "a new skipped file needs its own docs and update test"
+    return skipped
+
+
 def files_without_commit(project: Path) -> dict[str, bytes]:
     """Every file's bytes, with the answers file's `_commit` line left out."""
     files = {}
@@ -249,8 +294,144 @@ def test_update_from_earlier_commits_equals_a_fresh_copy(tmp_path):
         update(old, vcs_ref="v1.0.0", conflict="inline")
         updated = files_without_commit(old)
         assert sorted(updated) == sorted(fresh), f"file list differs after update from {commit}"
+        for name in skipped_on_update():  # the user's once copied: kept as they were
+            updated[name] = fresh[name]
         differing = [name for name in fresh if updated[name] != fresh[name]]
         assert not differing, f"update from {commit[:10]} differs from a fresh copy: {differing}"
         replayed.append(commit)
     assert replayed, "no earlier commit of this repository renders"
     print(f"updates from {len(replayed)} commits equal a fresh copy: {[c[:10] for c in replayed]}")
+
+
+# --------------------------------------------------------------------------------------------
+# The commands docs/updating.md gives, run as a user runs them (the copier CLI, then git).
+# --------------------------------------------------------------------------------------------
+
+USER_README = "# upd-project\n\nOur own README: what this project is for, results, contacts.\n"
+TEMPLATE_CLIP_TEST = "template/tests/test_utils_clip.py.jinja"
+
+
+def copier_cli(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return run([sys.executable, "-m", "copier", *args], project, check=False)
+
+
+def git_lines(project: Path, *args: str) -> list[str]:
+    return git(project, *args).splitlines()
+
+
+def tree(project: Path) -> dict[str, bytes]:
+    """Every file outside .git, ignored ones included, with its bytes."""
+    return {
+        str(p.relative_to(project)): p.read_bytes()
+        for p in sorted(project.rglob("*"))
+        if p.is_file() and ".git" not in p.relative_to(project).parts
+    }
+
+
+def test_conflicts_renames_and_the_readme_behave_as_the_docs_say(template_v1, project):
+    """A release that changes the template's README and reference page, renames a test file
+    the user edited and changes a line the user changed: the user's README is left alone, the
+    conflict is found by `git diff --diff-filter=U` (copier says nothing, exit 0), the renamed
+    file's lines are in HEAD, and `git reset --hard` + `git clean -fd` undo it all."""
+    package = project / "src" / PACKAGE
+    (project / "README.md").write_text(USER_README)
+    edit(package / "utils.py", r"\A.*$", '"""USER: my own summary of the utilities.')
+    clip_test = project / "tests" / "test_utils_clip.py"
+    clip_test.write_text(clip_test.read_text() + "\n\n# USER: a case of our own\n")
+    commit_all(project, "user edits")
+    (project / "runs" / "default").mkdir(parents=True)
+    (project / "runs" / "default" / "metrics.jsonl").write_text("{}\n")  # ignored by git
+    before = tree(project)
+
+    edit(template_v1 / "template/README.md.jinja", r"rewrite it\.", "make it yours.")
+    edit(template_v1 / "template/docs/template.md.jinja", r"^## Quick start$", "## First steps")
+    edit(template_v1 / TEMPLATE_UTILS, r"\A.*$", '"""TEMPLATE: a new summary line.')
+    git(template_v1, "mv", TEMPLATE_CLIP_TEST, "template/tests/test_clipping.py.jinja")
+    commit_all(template_v1, "template: new texts, a rename, a changed line")
+    git(template_v1, "tag", "v1.1.0")
+
+    result = copier_cli(project, "update", "--defaults")
+    assert result.returncode == 0, result.stderr
+    assert "conflict" not in (result.stdout + result.stderr).lower()  # copier says nothing
+    assert git_lines(project, "diff", "--name-only", "--diff-filter=U") == [
+        f"src/{PACKAGE}/utils.py"
+    ]
+    assert (project / "README.md").read_text() == USER_README  # never touched
+    assert "## First steps" in (project / "docs" / "template.md").read_text()  # updated
+    deleted = git_lines(project, "diff", "--name-only", "--diff-filter=D", "HEAD")
+    assert deleted == ["tests/test_utils_clip.py"]
+    assert "# USER: a case of our own" in git(project, "show", "HEAD:tests/test_utils_clip.py")
+    assert (project / "tests" / "test_clipping.py").is_file()
+
+    # The recovery the docs no longer give fails on unmerged files; the one they give works.
+    old_way = run(["git", "checkout", "--", "."], project, check=False)
+    assert old_way.returncode != 0 and "unmerged" in old_way.stderr
+    assert git_lines(project, "clean", "-nd") == ["Would remove tests/test_clipping.py"]
+    git(project, "reset", "--hard")
+    git(project, "clean", "-fd")
+    assert tree(project) == before  # runs/ (ignored) kept, every tracked file as committed
+    assert git(project, "status", "--porcelain") == ""
+
+
+def test_a_hand_edited_answer_is_recovered_as_the_docs_say(template_v1, project):
+    answers = project / ".copier-answers.yml"
+    edit(answers, r"^package_name: .*$", "package_name: class")
+    commit_all(project, "hand-edit the answers file")
+    release_v11(template_v1, TEMPLATE_UTILS, r"\Z", TEMPLATE_ADDITION)
+
+    assert copier_cli(project, "update", "--defaults").returncode != 0
+    forced = copier_cli(project, "update", "--defaults", "-d", f"package_name={PACKAGE}")
+    assert forced.returncode != 0  # -d does not get past a bad recorded answer
+    assert git(project, "status", "--porcelain") == ""  # and nothing was written
+
+    assert git_lines(project, "log", "--oneline", "--", ".copier-answers.yml")
+    git(project, "checkout", "HEAD~1", "--", ".copier-answers.yml")
+    git(project, "commit", "-q", "-m", "Restore the answers copier recorded")
+    result = copier_cli(project, "update", "--defaults")
+    assert result.returncode == 0, result.stderr
+    assert 'return "1.1.0"' in (project / "src" / PACKAGE / "utils.py").read_text()
+    assert f"package_name: {PACKAGE}" in answers.read_text()
+
+
+BOTH_SIDES = r"<<<<<<< [^\n]*\n(.*?)=======\n.*?>>>>>>> [^\n]*\n"
+
+
+def test_the_package_is_renamed_as_the_docs_say(template_v1, project):
+    """Update to the newest release first; then git mv, fix the imports, commit, and
+    `copier update --vcs-ref=:current: -d package_name=...`: the user's edits and own tests
+    move with the package, and every conflict's `before updating` side is the user's file."""
+    old, new = project / "src" / PACKAGE, project / "src" / "renamed_pkg"
+    edit(old / "model.py", r"^(?=def build_model\()", USER_LAYER.lstrip("\n"))
+    edit(old / "config.py", r"(epochs: int = field\(default=)\d+", r"\g<1>7")
+    (project / "tests" / "test_user_layer.py").write_text(USER_TEST)
+    commit_all(project, "user edits")
+    release_v11(template_v1, TEMPLATE_UTILS, r"\Z", TEMPLATE_ADDITION)
+    assert copier_cli(project, "update", "--defaults").returncode == 0
+    commit_all(project, "Update from the template")
+
+    git(project, "mv", f"src/{PACKAGE}", "src/renamed_pkg")
+    for name in git_lines(project, "grep", "-l", PACKAGE, "--", "src", "tests", "README.md"):
+        path = project / name
+        path.write_text(path.read_text().replace(PACKAGE, "renamed_pkg"))
+    git(project, "commit", "-q", "-am", "Rename the package to renamed_pkg")
+    result = copier_cli(
+        project, "update", "--defaults", "--vcs-ref=:current:", "-d", "package_name=renamed_pkg"
+    )
+    assert result.returncode == 0, result.stderr
+
+    conflicted = git_lines(project, "diff", "--name-only", "--diff-filter=U")
+    assert set(conflicted) <= {"src/renamed_pkg/model.py", "src/renamed_pkg/config.py"}
+    for name in conflicted:  # the docs: keep the `before updating` side (the user's version)
+        path = project / name
+        ours = re.sub(BOTH_SIDES, r"\1", path.read_text(), flags=re.S)
+        path.write_text(ours)
+        assert "=======" not in path.read_text()
+    assert not old.exists()
+    assert "class ScaleShift(nn.Module):" in (new / "model.py").read_text()
+    assert 'return "1.1.0"' in (new / "utils.py").read_text()
+    assert yaml.safe_load((project / ".copier-answers.yml").read_text())["_commit"] == "v1.1.0"
+    grep = run(["git", "grep", "-l", PACKAGE, "--", "."], project, check=False)
+    assert grep.stdout.split() == [], "the old name is left in these files"
+    run_tests = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    env = {"PYTHONPATH": str(project / "src")}
+    run([*run_tests, "tests/test_user_layer.py", "tests/test_utils_clip.py"], project, env=env)

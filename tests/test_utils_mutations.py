@@ -20,6 +20,8 @@ from typing import NamedTuple
 
 import pytest
 
+from helpers import KILL_RATES
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "mutpkg"
 
@@ -254,6 +256,18 @@ def outcomes(
     for mutation in MUTATIONS:
         if mutation.timed and mutation.name in selected:
             results[mutation.name] = _mutate_and_run(rendered_project, workdir, mutation)
+    planted = [name for name in results if name != UNMUTATED]
+    caught = [
+        name
+        for name in planted
+        if results[name].result is not None
+        and results[name].result.returncode == 1  # type: ignore[union-attr]
+        and " failed" in results[name].result.stdout  # type: ignore[union-attr]
+    ]
+    KILL_RATES.append(
+        f"utils mutations: {len(caught)}/{len(planted)} planted bugs caught by the generated "
+        f"utils tests ({100 * len(caught) / max(len(planted), 1):.0f}%)"
+    )
     return results
 
 

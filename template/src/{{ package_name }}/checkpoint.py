@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from .utils import STOP_SIGNALS
+
 FORMAT_VERSION = 1
 REQUIRED_KEYS = (
     "format",
@@ -40,35 +42,82 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, unreadable, or does not fit this run."""
 
 
+class SaveError(OSError):
+    """A checkpoint could not be written (full disk, read-only or vanished folder).
+
+    The message names the cause and the checkpoint that survives; the exit code is
+    `rundir.EXIT_IO_ERROR`.
+    """
+
+
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:
     """Write `state` to `path` atomically: a crash mid-write never leaves a half-written file.
 
     torch.save goes to a temporary file in the same folder (same filesystem, so the rename is
-    atomic), is flushed to disk, and then replaces `path` in one `os.replace`.
+    atomic), is flushed to disk, and then replaces `path` in one `os.replace`. If the disk
+    refuses (ENOSPC, EROFS, ...), the temporary file is removed, `path` keeps its previous
+    content, and SaveError says so.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(handle, "wb") as file:
             torch.save(state, file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as error:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise SaveError(_save_failure(path, error)) from None
         raise
 
 
 def copy_checkpoint(source: Path, target: Path) -> None:
     """Copy a finished checkpoint file atomically (used for best.pt)."""
-    handle, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(handle)
+    tmp = None
     try:
+        handle, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        os.close(handle)
         shutil.copyfile(source, tmp)
         os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as error:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise SaveError(
+                f"{_save_failure(target, error)}; {source} holds this epoch's checkpoint"
+            ) from None
         raise
+
+
+def _save_failure(path: Path, error: OSError) -> str:
+    cause = error.strerror or str(error) or type(error).__name__
+    kept = (
+        f"{path} still holds the previous checkpoint"
+        if path.is_file()
+        else f"no checkpoint survives at {path}"
+    )
+    return f"could not write {path}: {cause}; the partial file was removed and {kept}"
+
+
+def first_nonfinite(model: torch.nn.Module) -> str | None:
+    """The name of the first parameter or buffer holding a NaN or Inf, else None.
+
+    Buffers matter: BatchNorm's running statistics can blow up while the loss of the step
+    that poisoned them (computed with batch statistics) is still finite.
+    """
+    tensors = [
+        (name, tensor)
+        for name, tensor in (*model.named_parameters(), *model.named_buffers())
+        if tensor.is_floating_point() or tensor.is_complex()
+    ]
+    if not tensors:
+        return None
+    finite = torch.stack([torch.isfinite(t.detach()).all() for _, t in tensors]).tolist()
+    return next((name for (name, _), ok in zip(tensors, finite, strict=True) if not ok), None)
 
 
 def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
@@ -92,7 +141,34 @@ def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dic
             f"checkpoint {path} has format {state['format']}, this code "
             f"reads format {FORMAT_VERSION}"
         )
+    problem = _malformed(state)
+    if problem:
+        raise CheckpointError(f"checkpoint {path} is malformed: {problem}; it cannot be resumed")
     return state
+
+
+def _malformed(state: dict[str, Any]) -> str | None:
+    """What is wrong with the fields of a loaded checkpoint, or None (a crafted file gets here)."""
+    for key in ("epoch", "samples_in_epoch", "step"):
+        value = state[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            return f"'{key}' must be a non-negative integer, got {value!r}"
+    for key in ("model", "optimizer", "scheduler", "scaler", "config", "rng"):
+        if not isinstance(state[key], dict):
+            return f"'{key}' must be a dict, got {type(state[key]).__name__}"
+    best = state.get("best_val_acc", -1.0)
+    if not isinstance(best, (int, float)) or isinstance(best, bool):
+        return f"'best_val_acc' must be a number, got {best!r}"
+    for key in ("epoch_totals", "metrics"):
+        if not isinstance(state.get(key, {}), dict):
+            return f"'{key}' must be a dict"
+    rng = state["rng"]
+    python = rng.get("python")
+    if not (isinstance(python, tuple) and len(python) == 3 and isinstance(python[1], tuple)):
+        return "'rng.python' must be the 3-tuple of random.getstate()"
+    if not isinstance(rng.get("torch"), torch.Tensor) or rng["torch"].dtype != torch.uint8:
+        return "'rng.torch' must be a uint8 tensor (torch.get_rng_state())"
+    return None
 
 
 def _load_failure(error: Exception) -> str:
@@ -161,7 +237,15 @@ def capture_rng_state(device: torch.device) -> dict[str, Any]:
 
 
 def restore_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    """Inverse of `capture_rng_state`."""
+    """Inverse of `capture_rng_state`; a state the generators reject is a CheckpointError."""
+    try:
+        _restore_rng_state(state, device)
+    except (TypeError, ValueError, RuntimeError, KeyError, OverflowError) as error:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise CheckpointError(f"checkpoint holds a malformed random state ({first})") from None
+
+
+def _restore_rng_state(state: dict[str, Any], device: torch.device) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     torch.set_rng_state(state["torch"])
@@ -197,11 +281,14 @@ class Interrupted(Exception):
 
 
 class StopSignal:
-    """Context manager: the first SIGTERM/SIGINT sets `signum`; the loop checks it per step.
+    """Context manager: the first stop signal sets `signum`; the loop checks it per step.
 
-    Cluster schedulers send SIGTERM some time before they kill a job. Saving from inside the
-    handler could catch the loop half-way through an optimizer step; a flag read at the step
-    boundary saves a consistent state instead. A second signal stops at once.
+    Cluster schedulers send SIGTERM (or the signal asked for with `--signal`) some time before
+    they kill a job, often to the whole process group, and torchrun forwards it as well, so a
+    rank commonly gets it twice. Saving from inside the handler could catch the loop half-way
+    through an optimizer step; a flag read at the step boundary saves a consistent state
+    instead. Later signals are ignored, so none can abort the save; `kill -9` still ends the
+    run at once, and the last completed checkpoint survives it.
     """
 
     def __init__(self) -> None:
@@ -212,7 +299,7 @@ class StopSignal:
         # signal.signal only works in the main thread (e.g. not when a benchmark runs train()
         # in a thread); there the run simply cannot be stopped this way.
         if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGTERM, signal.SIGINT):
+            for signum in STOP_SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
@@ -222,6 +309,5 @@ class StopSignal:
         self._previous.clear()
 
     def _handle(self, signum: int, frame: object) -> None:
-        if self.signum is not None:
-            raise KeyboardInterrupt
-        self.signum = signum
+        if self.signum is None:
+            self.signum = signum

@@ -27,6 +27,7 @@ from torch.utils.data import Dataset, DistributedSampler, Subset, TensorDataset
 from .config import Config
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
+MAX_CLASSES = 10**6  # a data.pt claiming more is corrupt (the classifier would not fit)
 SPLIT_SEED = 0  # the train/val split of --data-dir; independent of --seed on purpose
 
 
@@ -112,6 +113,10 @@ class ImageFolder(Dataset[tuple[torch.Tensor, int]]):
                     (self.image_size, self.image_size), Image.Resampling.BILINEAR
                 )
                 data = bytearray(image.tobytes())
+        except Image.DecompressionBombError as error:
+            raise DataError(
+                f"image {path} is too large to decode safely ({error}); shrink or remove it"
+            ) from None
         except (OSError, UnidentifiedImageError, ValueError) as error:
             raise DataError(
                 f"cannot read image {path}: {error}; delete or replace the file"
@@ -137,6 +142,8 @@ def load_tensor_file(path: Path, default_classes: int) -> tuple[TensorDataset, i
     inputs, targets = data["inputs"], data["targets"]
     if not isinstance(inputs, torch.Tensor) or not inputs.is_floating_point() or inputs.dim() != 4:
         raise DataError(f"{path}: 'inputs' must be a float tensor of shape (N, C, H, W)")
+    if 0 in inputs.shape:
+        raise DataError(f"{path}: 'inputs' has an empty dimension, shape {tuple(inputs.shape)}")
     if inputs.shape[2] != inputs.shape[3]:
         raise DataError(
             f"{path}: images must be square, got H={inputs.shape[2]} W={inputs.shape[3]}"
@@ -145,7 +152,13 @@ def load_tensor_file(path: Path, default_classes: int) -> tuple[TensorDataset, i
         raise DataError(f"{path}: 'targets' must be an int64 tensor of shape (N,)")
     if len(inputs) != len(targets):
         raise DataError(f"{path}: {len(inputs)} inputs but {len(targets)} targets")
-    num_classes = int(data.get("num_classes", default_classes))
+    num_classes = data.get("num_classes", default_classes)
+    if isinstance(num_classes, torch.Tensor) and num_classes.numel() == 1:
+        num_classes = num_classes.item()
+    if not isinstance(num_classes, int) or isinstance(num_classes, bool):
+        raise DataError(f"{path}: 'num_classes' must be an integer, got {num_classes!r}")
+    if not 2 <= num_classes <= MAX_CLASSES:
+        raise DataError(f"{path}: 'num_classes' must be in [2, {MAX_CLASSES}], got {num_classes}")
     bad = (~torch.isfinite(inputs.flatten(1))).any(1).nonzero()
     if len(bad):
         raise DataError(
@@ -159,6 +172,11 @@ def load_tensor_file(path: Path, default_classes: int) -> tuple[TensorDataset, i
             f"{path}: sample {index} has label {int(targets[index])}, outside "
             f"[0, {num_classes}); fix the label or set --num-classes "
             "(or 'num_classes' in the file)"
+        )
+    if len(targets.unique()) < 2:
+        raise DataError(
+            f"{path}: every sample has label {int(targets[0])}; a classifier needs at least "
+            "two classes in the data"
         )
     return TensorDataset(inputs.float(), targets), num_classes
 
@@ -204,6 +222,11 @@ def build_datasets(config: Config) -> tuple[Dataset, Dataset, DataInfo]:
     if not folder.samples:
         suffixes = " ".join(IMAGE_SUFFIXES)
         raise DataError(f"--data-dir {root}: no images ({suffixes}) in its class folders")
+    if len(folder.classes) < 2:
+        raise DataError(
+            f"--data-dir {root} has one class folder ({folder.classes[0]}); a classifier "
+            "needs at least two"
+        )
     used = {label for _, label in folder.samples}
     empty = [name for label, name in enumerate(folder.classes) if label not in used]
     if empty:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -61,8 +62,21 @@ def setup(device_name: str) -> Context:
     return Context(rank, world_size, local_rank, local_world_size, device)
 
 
+# Process groups left by `cleanup`, freed only when the interpreter exits (see there).
+_RETIRED: list[Any] = []
+
+
 def cleanup() -> None:
+    """Leave the process group; its object is kept alive until the process exits.
+
+    A DDP model still holds the group when training returns. If the model's C++ reducer
+    dropped the last reference, the gloo destructor would run with the GIL held and wait for
+    gloo's worker thread, which may itself be waiting for the GIL to free the last barrier's
+    tensor: both wait forever, a rank hung at exit (more often on a busy machine). Kept here,
+    the group is freed last, by Python, whose destructor for it releases the GIL first.
+    """
     if dist.is_available() and dist.is_initialized():
+        _RETIRED.append(dist.group.WORLD)
         dist.destroy_process_group()
 
 

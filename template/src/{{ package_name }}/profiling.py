@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -154,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
             profile_memory=True,
         ) as prof:
             try:
+                # A scratch run: a previous profile's checkpoints are not a run to protect.
+                shutil.rmtree(Path(run_config.run_dir) / "checkpoints", ignore_errors=True)
                 train(run_config, on_step=lambda _step: prof.step())
             except ValueError as error:  # ConfigError, DataError: bad input, one line
                 parser.exit(2, f"{parser.prog}: error: {error}\n")

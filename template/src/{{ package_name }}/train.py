@@ -9,8 +9,10 @@ then the loop. The same code runs on a laptop CPU and across GPUs and nodes:
 
 Every step labels its phases with `record_function` ("data", "forward", "backward",
 "optimizer"), so a profiler trace shows where the time goes. Exit codes: 0 done, 1 training
-blew up (non-finite loss), 2 bad input (flags, data, checkpoint), 128+N stopped by signal N
-after saving.
+blew up (a non-finite loss, weight or statistic; nothing non-finite is ever saved), 2 bad input
+(flags, data, checkpoint, a run dir in use or holding another run), 74 a checkpoint could not
+be written (disk full, read-only), 128+N stopped by signal N after saving. docs/reliability.md
+lists every fault and how to recover.
 """
 
 from __future__ import annotations
@@ -32,12 +34,27 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 from tqdm import tqdm
 
-from . import checkpoint, distributed, mfu, utils
-from .checkpoint import CheckpointError, Interrupted
+from . import checkpoint, distributed, mfu, rundir, utils
+from . import model as user_model
+from .checkpoint import Interrupted, SaveError
 from .config import Config, ConfigError, parse_config
-from .data import DataError, ResumableSampler, build_datasets, shard
+from .data import DataInfo, ResumableSampler, build_datasets, shard
 from .metrics import Meter, MetricsWriter, add_totals, summarize
-from .model import build_model_for
+
+
+def build_model_for(config: Config, info: DataInfo) -> nn.Module:
+    """`model.build_model_for(config, info)`: the one call template-owned code makes into the
+    user's model.py (docs/updating.md of the template, "The interface"). A model.py written
+    before it existed gets one line saying what to add, not an ImportError."""
+    builder = getattr(user_model, "build_model_for", None)
+    if builder is None:
+        raise ConfigError(
+            f"{user_model.__file__} has no build_model_for(config, info), which train.py and "
+            "benchmark.py call since the release after copier-pytorch v0.1.0: add it, "
+            "returning build_model(...) with your arguments (the template's CHANGELOG, "
+            "Upgrade notes)"
+        )
+    return builder(config, info)
 
 
 def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
@@ -46,7 +63,8 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
     `on_step(global_step)` is called after every optimizer step (a profiler's `step`, a
     timer). Raises ConfigError, DataError or CheckpointError for bad input,
     `utils.NonFiniteLossError` when the loss blows up, and `checkpoint.Interrupted` after
-    saving on SIGTERM/SIGINT.
+    saving on a stop signal, `rundir.RunDirError` for a run dir it cannot own, and
+    `checkpoint.SaveError` when a checkpoint cannot be written.
     """
     with contextlib.ExitStack() as cleanup:
         # ---- processes, device, seeds -------------------------------------------------------
@@ -67,7 +85,11 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
         run_dir = Path(config.run_dir)
         last_path = run_dir / "checkpoints" / "last.pt"
         best_path = run_dir / "checkpoints" / "best.pt"
-        log = tqdm.write if ctx.is_main else _silent
+        log = rundir.log if ctx.is_main else _silent
+        # Before any work: lock the run dir, prove it is writable, refuse to overwrite a run.
+        lock = rundir.claim_on_rank_zero(run_dir, config.resume, ctx.is_main, device)
+        if lock is not None:
+            cleanup.callback(lock.close)
 
         # ---- data ---------------------------------------------------------------------------
         train_set, val_set, info = build_datasets(config)
@@ -171,6 +193,8 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
             global_step, best_acc = state["step"], state.get("best_val_acc", -1.0)
             epoch_totals = dict(state.get("epoch_totals", {}))
             result = dict(state.get("metrics", {}))
+            if ctx.is_main:  # steps after the checkpoint will be redone: not recorded twice
+                rundir.trim_metrics(run_dir / "metrics.jsonl", global_step)
             log(f"resumed from {resume_path}: epoch {start_epoch + 1}, step {global_step}")
 
         def snapshot(epoch: int, samples_in_epoch: int, totals: dict[str, float]) -> dict:
@@ -190,6 +214,34 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
                 "metrics": result,
                 "config": config.to_dict(),
             }
+
+        def save(epoch: int, samples: int, totals: dict, improved: bool, val_loss: float) -> None:
+            """Write last.pt (and best.pt if `improved`), never a non-finite model.
+
+            Every rank checks its weights and buffers and every rank learns the verdicts, so
+            a refusal or a failed write stops all ranks together.
+            """
+            bad = checkpoint.first_nonfinite(raw_model)
+            if bad is None and not math.isfinite(val_loss):
+                bad = f"validation loss ({val_loss})"
+            if rundir.any_rank(bad is not None, device):
+                kept = rundir.kept(last_path, best_path)
+                raise utils.NonFiniteLossError(
+                    f"non-finite {bad or 'weights on another rank'} at step {global_step}, "
+                    f"epoch {epoch + (samples > 0)}: not saved; {kept}; "
+                    "lower --lr, set --grad-clip, or check the data",
+                    step=global_step,
+                )
+            failure = None
+            if ctx.is_main:
+                try:
+                    checkpoint.save_checkpoint(snapshot(epoch, samples, totals), last_path)
+                    if improved:
+                        checkpoint.copy_checkpoint(last_path, best_path)
+                except SaveError as error:
+                    failure = error
+            if rundir.any_rank(failure is not None, device):
+                raise failure or SaveError("rank 0 could not write the checkpoint; see its message")
 
         # FLOPs counted once, peaks measured once: two divisions per log line (mfu.py).
         utilization = mfu.Utilization.for_run(raw_model, config, info, device, ctx.is_main)
@@ -277,7 +329,7 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
                             step_loss / accum,
                             grad_norm,
                             global_step + 1,
-                            last_path,
+                            rundir.kept(last_path, best_path),
                         )
                     scaler.step(optimizer)
                     scaler.update()
@@ -309,9 +361,7 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
                     meter.reset()
                 if stop_now:
                     done = (step_in_epoch + 1) * samples_per_step
-                    if ctx.is_main:
-                        checkpoint.save_checkpoint(snapshot(epoch, done, epoch_totals), last_path)
-                    distributed.barrier()  # see the barrier at the end of train()
+                    save(epoch, done, epoch_totals, improved=False, val_loss=0.0)
                     bar.close()
                     raise Interrupted(
                         stop.signum or signal.SIGTERM,
@@ -349,10 +399,7 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
                 f"{result['samples_per_s']:.0f} samples/s, data wait "
                 f"{100 * result['data_wait']:.0f}%"
             )
-            if ctx.is_main:
-                checkpoint.save_checkpoint(snapshot(epoch + 1, 0, {}), last_path)
-                if improved:
-                    checkpoint.copy_checkpoint(last_path, best_path)
+            save(epoch + 1, 0, {}, improved=improved, val_loss=val["val_loss"])
             skip_samples = 0
 
         # Rank 0 may still be writing the last checkpoint: a rank that tears the process
@@ -436,7 +483,7 @@ def _blow_up_error(
     loss: torch.Tensor,
     grad_norm: torch.Tensor,
     step: int,
-    last_path: Path,
+    kept: str,
 ) -> utils.NonFiniteLossError:
     """Re-run the bad step's batches eagerly under anomaly detection and describe the failure.
 
@@ -455,11 +502,6 @@ def _blow_up_error(
     finding = utils.diagnose_nonfinite(model, rerun)
     distributed.barrier()  # leave together: see the barrier at the end of train()
     what = "loss" if not math.isfinite(loss_value) else "gradient norm"
-    kept = (
-        f"the last good checkpoint {last_path} is untouched"
-        if last_path.is_file()
-        else "no checkpoint had been written yet"
-    )
     return utils.NonFiniteLossError(
         f"non-finite {what} at step {step} (loss {loss_value}, grad norm {norm_value}): "
         f"{finding}; {kept}; lower --lr, set --grad-clip, or check the data",
@@ -469,7 +511,13 @@ def _blow_up_error(
 
 
 def _check_precision(precision: str, device: torch.device) -> None:
-    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+    # including_emulation=False: a pre-Ampere GPU only emulates bf16 (slowly), which the
+    # default of is_bf16_supported() counts as support.
+    if (
+        precision == "bf16"
+        and device.type == "cuda"
+        and not torch.cuda.is_bf16_supported(including_emulation=False)
+    ):
         raise ConfigError("--precision bf16: this GPU has no bfloat16 support; use fp16")
     if precision == "fp16" and device.type == "mps":
         raise ConfigError("--precision fp16 needs a GradScaler, which MPS lacks; use bf16")
@@ -485,31 +533,11 @@ def _silent(*args: object, **kwargs: object) -> None:
     """Logging on ranks other than 0."""
 
 
-def _one_line(error: BaseException) -> str:
-    """The message of `error`, minus the traceback a DataLoader worker wraps around it."""
-    lines = [line for line in str(error).strip().splitlines() if line.strip()]
-    if not lines:
-        return type(error).__name__
-    marker = f"{type(error).__name__}: "
-    last = lines[-1]
-    return last.split(marker, 1)[1] if len(lines) > 1 and marker in last else lines[0]
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point: parse flags, train, and turn known failures into one line."""
+    """Console entry point: parse flags, train, and turn known failures into one line and
+    the exit code documented in docs/reliability.md."""
     config, _ = parse_config(argv, description="Train the model.")
-    try:
-        train(config)
-    except (ConfigError, DataError, CheckpointError) as error:
-        print(f"error: {_one_line(error)}", file=sys.stderr)
-        return 2
-    except utils.NonFiniteLossError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    except Interrupted as stopped:
-        print(stopped, file=sys.stderr)
-        return stopped.exit_code
-    return 0
+    return rundir.exit_code(lambda: train(config))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import os
 import platform
 import random
 import re
+import signal
 import sys
 import time
 import warnings
@@ -108,6 +109,27 @@ def set_deterministic(enabled: bool, *, warn_only: bool = False) -> None:
     torch.backends.cudnn.deterministic = enabled
 
 
+# The signals that mean "save and stop": SIGHUP when the terminal or ssh session goes away,
+# SIGUSR1 what SLURM's --signal sends by convention. Windows has neither.
+STOP_SIGNALS = tuple(
+    getattr(signal, name)
+    for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1")
+    if hasattr(signal, name)
+)
+
+
+def ignore_stop_signals() -> None:
+    """In a DataLoader worker: leave stop signals to the main process, which saves and exits.
+
+    A process-group signal (SLURM, Kubernetes, Ctrl-C) reaches the workers too; PyTorch's
+    worker handler dies of it, and the main process would report a crashed worker instead of
+    saving. Ignored here, a worker keeps serving batches until the main process shuts it down
+    (and exits by itself if the main process is gone).
+    """
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def seed_worker(worker_id: int) -> None:
     """DataLoader `worker_init_fn` from PyTorch's reproducibility notes.
 
@@ -118,6 +140,8 @@ def seed_worker(worker_id: int) -> None:
     seed any other RNG the dataset uses.
     """
     del worker_id  # torch.initial_seed() already differs per worker
+    # A signal to the process group is the main process's to handle (it saves and exits).
+    ignore_stop_signals()
     worker_seed = torch.initial_seed() % 2**32
     random.seed(worker_seed)
     try:

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 from .. import utils
 from ..config import build_parser, parse_config
 from ..data import build_datasets
-from ..model import build_model_for
+from ..train import build_model_for  # model.build_model_for, or one line on what to add
 from . import compiling, debug_switches, evaluation, loop_overhead, pin_memory, throughput, workers
 from .report import busy_note, describe_machine, load_average, print_section, write_chart
 from .timing import MIN_RUNS, Context, Skip

@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import io
 import math
+import shutil
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import utils
-from ..model import build_model_for
+from ..train import build_model_for  # model.build_model_for, or one line on what to add
 from .timing import (
     Context,
     Skip,
@@ -119,6 +120,7 @@ def section_loop_overhead(ctx: Context) -> dict[str, Any]:
             utils.synchronize(ctx.device)
             stamps.append(stamp())
 
+        shutil.rmtree(run_dir, ignore_errors=True)  # a scratch run: an earlier one is not kept
         with contextlib.redirect_stdout(io.StringIO()):
             train(loop_config, on_step=on_step)
         if len(stamps) < warmup + 3:

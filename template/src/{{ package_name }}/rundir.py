@@ -1,0 +1,229 @@
+"""The run directory belongs to one run: a lock, a write probe, and no silent overwrite.
+
+`claim` is called once, by rank 0, before any work:
+
+- it creates `<run-dir>/checkpoints` and proves it can write there (a full or read-only disk
+  is one line at the start, not a traceback after an epoch of training);
+- it takes an exclusive `flock` on `<run-dir>/.lock` for the life of the process, so a second
+  run on the same directory stops at once, naming the pid and host that hold it (the kernel
+  releases the lock when the holder exits, also after `kill -9`);
+- it refuses a directory that already holds checkpoints unless the run resumes (`--resume`),
+  so a repeated command never replaces a finished run;
+- it removes temporary files that a killed save left behind.
+
+`trim_metrics` cuts `metrics.jsonl` back to the step a run resumes from, so steps redone after
+a crash are not recorded twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import socket
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from . import distributed
+from .checkpoint import CheckpointError, Interrupted, SaveError
+from .config import ConfigError
+from .data import DataError
+from .utils import NonFiniteLossError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no flock, the run dir is not locked
+    fcntl = None  # type: ignore[assignment]
+
+LOCK_NAME = ".lock"
+EXIT_IO_ERROR = 74  # EX_IOERR from sysexits.h: a checkpoint could not be written
+# Errors of a disk that refuses writes: one line and EXIT_IO_ERROR, not a traceback.
+WRITE_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EIO)
+
+
+class RunDirError(RuntimeError):
+    """The run directory cannot be used by this run (locked, not writable, holds a run)."""
+
+
+def claim(run_dir: Path, resume: str | None) -> IO[str] | None:
+    """Lock `run_dir` for this process and check it can be used; returns the open lock file.
+
+    Keep the returned file open for the whole run (closing it releases the lock).
+    """
+    checkpoints = run_dir / "checkpoints"
+    try:
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        lock = open(run_dir / LOCK_NAME, "a+", encoding="utf-8")  # noqa: SIM115 - held open
+    except OSError as error:
+        raise RunDirError(f"--run-dir {run_dir} cannot be used: {_reason(error)}") from None
+    if fcntl is not None:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.seek(0)
+            holder = lock.read().strip() or "an unknown process"
+            lock.close()
+            raise RunDirError(
+                f"--run-dir {run_dir} is in use by another run ({holder}); wait for it to "
+                "finish or choose another --run-dir"
+            ) from None
+    try:
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()} on host {socket.gethostname()}\n")
+        lock.flush()
+        _probe(checkpoints)
+    except OSError as error:
+        lock.close()
+        raise RunDirError(f"--run-dir {run_dir} is not writable: {_reason(error)}") from None
+    saved = sorted(p.name for p in checkpoints.glob("*.pt"))
+    if saved and resume is None:
+        lock.close()
+        raise RunDirError(
+            f"--run-dir {run_dir} already holds a run ({', '.join(saved)}); continue it with "
+            "--resume auto, or start over with a new --run-dir (or delete "
+            f"{checkpoints} first)"
+        )
+    for orphan in checkpoints.glob(".*.tmp"):  # left by a save that was killed
+        orphan.unlink(missing_ok=True)
+    return lock
+
+
+def claim_on_rank_zero(
+    run_dir: Path, resume: str | None, is_main: bool, device: torch.device
+) -> IO[str] | None:
+    """`claim` on rank 0; every rank learns the verdict, so all stop together on a refusal."""
+    lock, error = None, None
+    if is_main:
+        try:
+            lock = claim(run_dir, resume)
+        except RunDirError as refused:
+            error = refused
+    if any_rank(error is not None, device):
+        raise error or RunDirError(f"rank 0 refused --run-dir {run_dir}; see its message")
+    return lock
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank if `flag` is true on any rank (a no-op without torchrun)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    return bool(distributed.all_reduce(torch.tensor(float(flag), device=device), op="max"))
+
+
+def _probe(folder: Path) -> None:
+    """Write, flush and delete a small file: fails now if saving would fail later."""
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe.", suffix=".tmp") as file:
+        file.write(b"\0" * 4096)
+        file.flush()
+        os.fsync(file.fileno())
+
+
+def _reason(error: OSError) -> str:
+    what = error.strerror or type(error).__name__
+    return f"{what} ({error.filename})" if error.filename else what
+
+
+def trim_metrics(path: Path, step: int) -> int:
+    """Drop the records after `step` (and any torn last line) from `path`; returns how many.
+
+    Rewritten through a temporary file and a rename, like a checkpoint.
+    """
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+            keep = int(record.get("step", 0)) <= step
+        except (ValueError, TypeError, AttributeError):
+            keep = False
+        if keep:
+            kept.append(line)
+        else:
+            dropped += 1
+    if dropped:
+        handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+    return dropped
+
+
+def kept(last_path: Path, best_path: Path) -> str:
+    """Which checkpoints a failed run leaves, as the end of its error line."""
+    kept = [str(path) for path in (last_path, best_path) if path.is_file()]
+    if not kept:
+        return "no checkpoint had been written yet"
+    return f"{' and '.join(kept)} {'is' if len(kept) == 1 else 'are'} untouched"
+
+
+def log(message: str) -> None:
+    """Rank 0's log line; a closed stdout (`... | head -1`) must not stop the run."""
+    with contextlib.suppress(BrokenPipeError, ValueError):
+        tqdm.write(message)
+
+
+def one_line(error: BaseException) -> str:
+    """The message of `error`, minus the traceback a DataLoader worker wraps around it."""
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    marker = f"{type(error).__name__}: "
+    last = lines[-1]
+    return last.split(marker, 1)[1] if len(lines) > 1 and marker in last else lines[0]
+
+
+def exit_code(run: Callable[[], object]) -> int:
+    """Call `run` and turn the known ways it can end into one line on stderr and an exit code.
+
+    0 done; 1 the training blew up (nothing non-finite was saved); 2 bad input: flags, data,
+    a checkpoint, or a run dir in use or holding another run; 74 a checkpoint (or the metrics
+    file) could not be written; 128+N stopped by signal N after saving.
+    """
+    try:
+        run()
+    except (ConfigError, DataError, CheckpointError, RunDirError) as error:
+        safe_print(f"error: {one_line(error)}", file=sys.stderr)
+        return 2
+    except NonFiniteLossError as error:
+        safe_print(f"error: {error}", file=sys.stderr)
+        return 1
+    except Interrupted as stopped:
+        safe_print(stopped, file=sys.stderr)
+        return stopped.exit_code
+    except OSError as error:  # SaveError, or a full or read-only disk under metrics.jsonl
+        if not isinstance(error, SaveError) and error.errno not in WRITE_ERRNOS:
+            raise
+        cause = error if isinstance(error, SaveError) else f"{error}; checkpoints are as last saved"
+        safe_print(f"error: {cause}", file=sys.stderr)
+        return EXIT_IO_ERROR
+    finally:
+        quiet_closed_stdout()
+    return 0
+
+
+def safe_print(*args: Any, **kwargs: Any) -> None:
+    """`print` that a closed stdout or stderr (`... | head -1`) cannot turn into a crash."""
+    with contextlib.suppress(BrokenPipeError, ValueError):
+        print(*args, **kwargs)
+
+
+def quiet_closed_stdout() -> None:
+    """Point a closed stdout at /dev/null, so the interpreter's final flush stays quiet."""
+    try:
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass

@@ -1,0 +1,304 @@
+"""The generated suite catches realistic bugs in every module of the generated package.
+
+Each mutation plants one bug of the kind that slips through review (a metric reduced over the
+wrong thing, best.pt overwritten by a worse model, a schedule that never steps, clipping after
+the optimizer step, handlers "restored" to the default, ...) into one module of a rendered
+project, and runs the few generated tests that should catch it. Each must fail. The runs share
+one torch import: tests/mutation_runner.py forks a child per mutation, two at a time.
+
+Every edit must match its module exactly once: after a change to the package, a stale target
+fails here with "mutation target not found: <module>: <text>" instead of silently testing
+nothing. Retarget it at the new code (keep the bug the same) rather than deleting it.
+(`test_utils_mutations.py` does the same for `utils.py`.) The unmutated project passes these
+tests: the render matrix runs the whole generated suite.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+from helpers import KILL_RATES
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = "mutpkg"
+
+
+class Mutation(NamedTuple):
+    name: str
+    module: str  # file under src/<package>/
+    edits: tuple[tuple[str, str], ...]  # (old, new), applied in order
+    tests: str  # the generated test file that must catch it
+    select: str | None = None  # a -k expression: only the tests that should catch it
+    timeout: int = 240
+
+
+def bug(name: str, module: str, old: str, new: str, tests: str, select: str | None = None):
+    """A one-edit mutation."""
+    return Mutation(name, module, ((old, new),), tests, select)
+
+
+MUTATIONS = [
+    # ---- train.py: data order, evaluation, best checkpoint, schedule, clipping, logging ----
+    bug("data-order-same-every-epoch", "train.py",
+        "sampler.set_epoch(epoch)", "sampler.set_epoch(0)",
+        "test_train.py", "data_order"),
+    bug("sampler-ignores-the-seed", "train.py",
+        "rank=ctx.rank, seed=config.seed", "rank=ctx.rank, seed=0",
+        "test_train.py", "data_order"),
+    bug("val-loss-mean-of-batch-means-over-samples", "train.py",
+        'cross_entropy(logits, targets, reduction="sum")', "cross_entropy(logits, targets)",
+        "test_train.py", "evaluate_equals"),
+    bug("val-acc-compares-every-pair", "train.py",
+        "correct += (logits.argmax(1) == targets).sum()",
+        "correct += (logits.argmax(1) == targets[:, None]).sum()",
+        "test_train.py", "evaluate_equals"),
+    bug("best-pt-replaced-by-a-worse-model", "train.py",
+        'improved = val["val_acc"] > best_acc', "improved = True",
+        "test_train.py", "best_pt"),
+    bug("best-acc-forgets-the-best", "train.py",
+        'best_acc = max(best_acc, val["val_acc"])', 'best_acc = val["val_acc"]',
+        "test_train.py", "best_pt"),
+    bug("lr-schedule-never-steps", "train.py",
+        "scheduler.step()\n", "pass\n",
+        "test_train.py", "learning_rate"),
+    bug("lr-warmup-starts-at-zero", "train.py",
+        "return (step + 1) / (warmup + 1)", "return step / warmup",
+        "test_train.py", "learning_rate"),
+    bug("lr-cosine-over-half-a-period", "train.py",
+        "0.5 * (1.0 + math.cos(math.pi * progress))", "math.cos(0.5 * math.pi * progress)",
+        "test_train.py", "learning_rate"),
+    Mutation("clipping-after-the-optimizer-step", "train.py", (
+        ("grad_norm = utils.clip_gradients(",
+         "scaler.step(optimizer)\n                    grad_norm = utils.clip_gradients("),
+        ("scaler.step(optimizer)\n                    scaler.update()", "scaler.update()"),
+    ), "test_train.py", "clipping_to"),
+    bug("clipping-threshold-ignored", "train.py",
+        "config.grad_clip,\n", "None,\n",
+        "test_train.py", "clipping_to"),
+    bug("metrics-writer-never-closed", "train.py",
+        "cleanup.callback(writer.close)", "cleanup.callback(lambda: None)",
+        "test_train.py", "tensorboard_records"),
+    Mutation("profiler-phase-labels-swapped", "train.py", (
+        ('record_function("forward")', 'record_function("@@")'),
+        ('record_function("backward")', 'record_function("forward")'),
+        ('record_function("@@")', 'record_function("backward")'),
+    ), "test_profiling.py", "trace_holds"),
+    bug("resume-offset-one-step-short", "train.py",
+        "done = (step_in_epoch + 1) * samples_per_step", "done = step_in_epoch * samples_per_step",
+        "test_train.py", "bitwise and 0"),
+    bug("resume-repeats-the-done-steps", "train.py",
+        "sampler.start = first_step * samples_per_step", "sampler.start = 0",
+        "test_train.py", "bitwise and 0"),
+    bug("sigterm-ignored-in-one-process", "train.py",
+        "stop_now = stop_now or (stop.signum is not None and not ctx.enabled)",
+        "stop_now = stop_now",
+        "test_train.py", "sigterm_via_main"),
+    # ---- checkpoint.py: atomic files, safe loading, RNG, signal handling -----------------------
+    bug("save-writes-in-place", "checkpoint.py",
+        "torch.save(state, file)\n", "torch.save(state, path)\n            return\n",
+        "test_checkpoint.py", "temporary_file or failed_save"),
+    bug("failed-save-leaves-its-temporary-file", "checkpoint.py",
+        "Path(tmp).unlink(missing_ok=True)\n        raise\n\n\ndef copy", "raise\n\n\ndef copy",
+        "test_checkpoint.py", "failed_save"),
+    bug("load-runs-pickled-code", "checkpoint.py",
+        "location, weights_only=True", "location, weights_only=False",
+        "test_checkpoint.py", "pickled"),
+    bug("torch-rng-not-restored", "checkpoint.py",
+        'torch.set_rng_state(state["torch"])', "pass",
+        "test_checkpoint.py", "rng_states"),
+    bug("handlers-restored-to-the-default", "checkpoint.py",
+        "signal.signal(signum, handler)", "signal.signal(signum, signal.SIG_DFL)",
+        "test_checkpoint.py", "stop_signal"),
+    bug("second-signal-replaces-the-first", "checkpoint.py",
+        "        if self.signum is None:\n            self.signum = signum",
+        "        if True:\n            self.signum = signum",
+        "test_checkpoint.py", "stop_signal"),
+    # ---- data.py: sampler state and shards -----------------------------------------------------
+    bug("sampler-start-ignored", "data.py",
+        "itertools.islice(super().__iter__(), self.start, None)", "super().__iter__()",
+        "test_data.py", "sampler_order"),
+    bug("sampler-pads-unequal-shares", "data.py",
+        "drop_last=True,", "drop_last=False,",
+        "test_data.py", "disjoint"),
+    bug("evaluation-shards-overlap", "data.py",
+        "range(rank, len(dataset), world_size)", "range(0, len(dataset), world_size)",
+        "test_data.py", "disjoint"),
+    # ---- metrics.py: reductions and the log ----------------------------------------------------
+    bug("train-acc-compares-every-pair", "metrics.py",
+        "(logits.argmax(1) == targets).sum()", "(logits.argmax(1) == targets[:, None]).sum()",
+        "test_metrics.py", "hand_made"),
+    bug("train-loss-divided-by-samples", "metrics.py",
+        '"loss": totals["loss_sum"] / batches', '"loss": totals["loss_sum"] / samples',
+        "test_metrics.py", "summary_means"),
+    bug("nan-written-as-nan", "metrics.py",
+        "(None if isinstance(v, float) and not math.isfinite(v) else v)", "v",
+        "test_metrics.py", "writer"),
+    bug("tensorboard-never-closed", "metrics.py",
+        "self._tensorboard.close()", "pass",
+        "test_train.py", "tensorboard_records"),
+    bug("shared-grad-norm-summed-over-ranks", "metrics.py",
+        '"grad_norm_sum": grad_norm / self.world_size', '"grad_norm_sum": grad_norm',
+        "test_distributed.py", "meter"),
+    # ---- distributed.py: reductions across ranks -----------------------------------------------
+    bug("all-reduce-sum-and-max-swapped", "distributed.py",
+        'dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX',
+        'dist.ReduceOp.MAX if op == "sum" else dist.ReduceOp.SUM',
+        "test_distributed.py"),
+    bug("buffers-not-broadcast", "distributed.py",
+        "dist.broadcast(buffer, src=0)", "pass",
+        "test_distributed.py", "broadcast"),
+    # ---- config.py: validation -----------------------------------------------------------------
+    bug("zero-lr-accepted", "config.py",
+        "if self.lr <= 0:", "if self.lr < 0:",
+        "test_config.py", "bad_flags"),
+    bug("dropout-of-one-accepted", "config.py",
+        "if not 0 <= self.dropout < 1:", "if not 0 <= self.dropout <= 1:",
+        "test_config.py", "bad_flags"),
+    # ---- model.py: config and data shapes reach the model --------------------------------------
+    bug("mlp-width-not-scaled", "model.py",
+        "width=8 * width", "width=width",
+        "test_smoke.py", "architecture"),
+    bug("dropout-flag-ignored", "model.py",
+        "dropout=config.dropout", "dropout=0.1",
+        "test_smoke.py", "architecture"),
+    bug("pooling-drops-odd-pixels", "model.py",
+        "nn.MaxPool2d(2, ceil_mode=True)", "nn.MaxPool2d(2)",
+        "test_smoke.py", "architecture"),
+    # ---- profiling.py and benchmark.py: the arithmetic behind the reports ----------------------
+    bug("profiled-steps-counted-once", "profiling.py",
+        "steps += event.count", "steps += 1",
+        "test_profiling.py", "phase_shares"),
+    bug("iqr-from-the-median", "benchmarks/timing.py",
+        '"iqr": q3 - q1', '"iqr": q3 - median',
+        "test_benchmark.py", "statistics_helpers"),
+    bug("cpu-interval-not-a-difference", "benchmarks/loop_overhead.py",
+        "b[1] - a[1]", "b[1]",
+        "test_benchmark.py", "statistics_helpers"),
+    bug("ratio-of-pooled-medians-not-rounds", "benchmarks/timing.py",
+        "per_round = [a / b for a, b in zip(numerator, denominator, strict=True)]",
+        "per_round = [statistics.median(numerator) / statistics.median(denominator)] * 2",
+        "test_benchmark.py", "statistics_helpers"),
+    bug("benchmark-entry-point-loses-the-chart", "benchmark.py",
+        "from .benchmarks.report import write_chart",
+        "from .benchmarks.report import print_section as write_chart",
+        "test_benchmark.py", "chart"),
+    # ---- mfu.py and tune.py: the peak MFU divides by, the choice tune makes -----------------
+    bug("bf16-peak-whatever-the-precision", "mfu.py",
+        "return peaks[precision], name", 'return peaks["bf16"], name',
+        "test_benchmark.py", "per_precision"),
+    bug("tune-chooses-within-noise", "tune.py",
+        "if low > 1.0 and", 'if comparison["ratio"] > 1.0 and',
+        "test_tune.py", "noise"),
+]  # fmt: skip
+
+
+def _missing_targets(source: str, mutation: Mutation) -> str | None:
+    for old, new in mutation.edits:
+        count = source.count(old)
+        if count != 1:
+            what = "not found" if count == 0 else f"found {count} times, not once"
+            return f"mutation target {what}: {mutation.module}: {old!r}"
+        source = source.replace(old, new)
+    return None
+
+
+@pytest.fixture(scope="module")
+def rendered_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    copier = pytest.importorskip("copier")
+    destination = tmp_path_factory.mktemp("package-mutations") / "project"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a dirty working tree is rendered on purpose
+        copier.run_copy(
+            src_path=str(REPO),
+            dst_path=destination,
+            defaults=True,
+            vcs_ref="HEAD",
+            data={"package_name": PACKAGE},
+            unsafe=False,
+            quiet=True,
+        )
+    return destination
+
+
+@pytest.fixture(scope="module")
+def outcomes(
+    request: pytest.FixtureRequest,
+    rendered_project: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, dict[str, Any]]:
+    """Run every selected mutation once (tests/mutation_runner.py, two at a time)."""
+    selected = {
+        item.callspec.params["mutation"].name
+        for item in request.session.items
+        if hasattr(item, "callspec") and "mutation" in item.callspec.params
+    }
+    source_dir = rendered_project / "src" / PACKAGE
+    results: dict[str, dict[str, Any]] = {}
+    jobs = []
+    for mutation in MUTATIONS:
+        if mutation.name not in selected:
+            continue
+        module = source_dir / mutation.module
+        problem = (
+            f"mutation target not found: {mutation.module}: no such module"
+            if not module.is_file()
+            else _missing_targets(module.read_text(encoding="utf-8"), mutation)
+        )
+        if problem:
+            results[mutation.name] = {"code": -1, "problem": problem, "output": ""}
+            continue
+        job = mutation._asdict()
+        job["tests"] = [f"tests/{mutation.tests}"]
+        jobs.append(job)
+    workdir = tmp_path_factory.mktemp("mutation-runs")
+    (workdir / "jobs.json").write_text(json.dumps(jobs))
+    subprocess.run(
+        [sys.executable, str(REPO / "tests" / "mutation_runner.py"), str(rendered_project),
+         str(workdir / "jobs.json"), str(workdir / "results.json")],
+        check=True,
+        timeout=1800,
+    )  # fmt: skip
+    results.update(json.loads((workdir / "results.json").read_text()))
+    caught = sum(_caught(result) for result in results.values())
+    KILL_RATES.append(
+        f"package mutations: {caught}/{len(results)} planted bugs caught by the generated "
+        f"suite ({100 * caught / max(len(results), 1):.0f}%)"
+    )
+    return results
+
+
+def _caught(result: dict[str, Any]) -> bool:
+    # Exit code 1: tests ran and one failed. 2 (a collection error) would mean the bug broke
+    # the import rather than the behaviour, and 5 that the -k expression selected nothing.
+    return result["code"] == 1 and " failed" in result["output"]
+
+
+def test_every_mutation_names_a_generated_test_file_and_a_unique_name(
+    rendered_project: Path,
+) -> None:
+    files = {path.name for path in (rendered_project / "tests").glob("test_*.py")}
+    assert {mutation.tests for mutation in MUTATIONS} <= files
+    assert len({mutation.name for mutation in MUTATIONS}) == len(MUTATIONS)
+    modules = {mutation.module for mutation in MUTATIONS}
+    package = {path.name for path in (rendered_project / "src" / PACKAGE).glob("*.py")}
+    # Every module of the package but utils.py (test_utils_mutations.py) and __init__.py.
+    assert package - {"utils.py", "__init__.py"} <= modules
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS, ids=[m.name for m in MUTATIONS])
+def test_a_planted_bug_fails_the_generated_tests(
+    outcomes: dict[str, dict[str, Any]], mutation: Mutation
+) -> None:
+    result = outcomes[mutation.name]
+    assert not result.get("problem"), f"{mutation.name}: {result['problem']}"
+    assert _caught(result), (
+        f"{mutation.name} survived: `pytest tests/{mutation.tests} -k '{mutation.select}'` "
+        f"exited {result['code']}\n{result['output'][-4000:]}"
+    )

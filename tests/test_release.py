@@ -1,0 +1,212 @@
+"""Release checks: what an update cannot do for users must be in the CHANGELOG's Upgrade notes.
+
+`copier update` deletes a file the template renamed or deleted, the user's lines with it (exit
+0, no marker), and template-owned code that starts calling something new in a user-owned file
+(model.py, data.py, config.py) breaks a project whose user rewrote that file. Neither shows up
+as a conflict, so each must be named in the Upgrade notes of CHANGELOG.md's Unreleased section,
+compared with the previous release (the newest `## [X.Y.Z]` section: tag `vX.Y.Z`, or else the
+commit titled `Release vX.Y.Z`). The interface itself is written down in docs/updating.md.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT
+
+PACKAGE_DIR = "template/src/{{ package_name }}"
+USER_MODULES = ("model", "data", "config")  # the user's files that template code calls into
+INTERFACE_DOC = ROOT / "docs" / "updating.md"
+
+
+def _git(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+
+
+def previous_release(changelog: str) -> tuple[str, str]:
+    """(version, git revision) of the newest released section of the changelog."""
+    found = re.search(r"^## \[(\d+\.\d+\.\d+[^\]]*)\]", changelog, re.M)
+    assert found, "CHANGELOG.md has no released section (## [X.Y.Z] - date)"
+    return found[1], release_revision(found[1])
+
+
+def release_revision(version: str) -> str:
+    """The git revision of release `version`: its tag, or the commit titled as its release."""
+    if _git("rev-parse", "--verify", "--quiet", f"refs/tags/v{version}").returncode == 0:
+        return f"v{version}"
+    log = _git("log", "--format=%H", "--fixed-strings", f"--grep=Release v{version}:", "HEAD")
+    commits = log.stdout.split()
+    assert commits, (
+        f"neither tag v{version} nor a commit titled 'Release v{version}:' is in this clone; "
+        "fetch the history (git fetch --tags --unshallow)"
+    )
+    return commits[-1]
+
+
+def upgrade_notes(changelog: str) -> str:
+    """The text of the Unreleased section's `### Upgrade notes` (empty when there is none)."""
+    unreleased = re.search(r"^## \[Unreleased\]\s*$(.*?)(?=^## \[|\Z)", changelog, re.M | re.S)
+    assert unreleased, "CHANGELOG.md has no ## [Unreleased] section"
+    notes = re.search(r"^### Upgrade notes\s*$(.*?)(?=^### |\Z)", unreleased[1], re.M | re.S)
+    return notes[1] if notes else ""
+
+
+def rendered_name(template_path: str) -> str:
+    """template/src/{{ package_name }}/x.py.jinja -> src/<package>/x.py, as users see it."""
+    name = template_path.removeprefix("template/").removesuffix(".jinja")
+    name = name.replace("{{ package_name }}", "<package>")
+    name = name.replace("{{ _copier_conf.answers_file }}", ".copier-answers.yml")
+    return re.sub(r"\{%\s*if [^%]*%\}(.*?)\{%\s*endif\s*%\}", r"\1", name)
+
+
+def gone_since(revision: str) -> list[str]:
+    """Template files of `revision` that the working tree renamed or deleted."""
+    result = _git("diff", "--name-status", "-M", "--diff-filter=DR", revision, "--", "template/")
+    assert result.returncode == 0, result.stderr
+    return sorted(line.split("\t")[1] for line in result.stdout.splitlines() if line.strip())
+
+
+def missing_from_notes(names: list[str], notes: str) -> list[str]:
+    return [name for name in names if f"`{name}`" not in notes]
+
+
+def interface_names(sources: dict[str, str]) -> dict[str, set[str]]:
+    """What template-owned modules use from the user's modules: {module: {name, ...}}.
+
+    `sources` maps file names in src/<package>/ to their text; the user's own modules are left
+    out. Counts `from .model import x`, and `m.x` or `getattr(m, "x")` after `from . import
+    model as m`.
+    """
+    used: dict[str, set[str]] = {module: set() for module in USER_MODULES}
+    for filename, text in sources.items():
+        if Path(filename).stem in USER_MODULES or not filename.endswith(".py"):
+            continue
+        tree = ast.parse(text)
+        aliases: dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                if node.module in USER_MODULES:
+                    used[node.module] |= {alias.name for alias in node.names}
+                elif node.module is None:
+                    for alias in node.names:
+                        if alias.name in USER_MODULES:
+                            aliases[alias.asname or alias.name] = alias.name
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+            ):
+                used[aliases[node.value.id]].add(node.attr)
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "getattr"
+                and len(node.args) >= 2
+                and isinstance(node.args[0], ast.Name)
+                and node.args[0].id in aliases
+                and isinstance(node.args[1], ast.Constant)
+            ):
+                used[aliases[node.args[0].id]].add(str(node.args[1].value))
+    for module in used:
+        used[module].discard("__file__")
+    return used
+
+
+def sources_at(revision: str | None) -> dict[str, str]:
+    """The template package's .py files at a revision (None: the working tree), nested
+    packages included."""
+    if revision is None:
+        base = ROOT / PACKAGE_DIR
+        return {str(p.relative_to(base)): p.read_text() for p in sorted(base.rglob("*.py"))}
+    listed = _git("ls-tree", "-r", "--name-only", revision, "--", PACKAGE_DIR + "/")
+    sources = {}
+    for path in listed.stdout.splitlines():
+        if path.endswith(".py"):
+            sources[path.removeprefix(PACKAGE_DIR + "/")] = _git(
+                "show", f"{revision}:{path}"
+            ).stdout
+    return sources
+
+
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def changelog() -> str:
+    return (ROOT / "CHANGELOG.md").read_text()
+
+
+def test_every_template_file_renamed_or_deleted_since_the_release_is_in_the_upgrade_notes(
+    changelog,
+):
+    version, revision = previous_release(changelog)
+    gone = [rendered_name(path) for path in gone_since(revision)]
+    missing = missing_from_notes(gone, upgrade_notes(changelog))
+    assert not missing, (
+        f"copier update deletes these files of v{version} from users' projects, their edits "
+        "included, with no conflict to see: name each, in backquotes, under '### Upgrade notes' "
+        "of CHANGELOG.md's [Unreleased] section, saying where its content went (users recover "
+        f"their lines with git show HEAD:<path>, docs/updating.md): {missing}"
+    )
+
+
+def test_every_new_call_into_user_files_is_in_the_upgrade_notes_and_the_interface_doc(
+    changelog,
+):
+    version, revision = previous_release(changelog)
+    before = interface_names(sources_at(revision))
+    now = interface_names(sources_at(None))
+    assert now["model"] and now["data"] and now["config"], now  # the parser finds the calls
+    new = sorted(f"{m}.{name}" for m in USER_MODULES for name in now[m] - before[m])
+    notes = upgrade_notes(changelog)
+    missing = [name for name in new if f"`{name.split('.')[1]}`" not in notes]
+    assert not missing, (
+        f"template-owned code now uses these names from the user's files, which v{version} "
+        "did not: a user who rewrote the file lacks them after updating. Name each (in "
+        "backquotes, with what to add) under '### Upgrade notes' of CHANGELOG.md's "
+        f"[Unreleased] section: {missing}"
+    )
+    doc = INTERFACE_DOC.read_text()
+    undocumented = sorted(
+        f"{m}.{name}" for m in USER_MODULES for name in now[m] if f"`{name}`" not in doc
+    )
+    assert not undocumented, (
+        "template-owned code uses these names from the user's files, but docs/updating.md's "
+        f"interface table does not list them: {undocumented}"
+    )
+
+
+def test_the_release_checks_see_renames_calls_and_notes(tmp_path):
+    """The checks' parts on made-up input, so an empty diff cannot pass them by accident."""
+    assert rendered_name("template/src/{{ package_name }}/benchmark.py") == (
+        "src/<package>/benchmark.py"
+    )
+    assert rendered_name(
+        "template/{% if github_actions %}.github{% endif %}/workflows/ci.yml.jinja"
+    ) == (".github/workflows/ci.yml")
+    changelog = (
+        "# Changelog\n\n## [Unreleased]\n\n### Fixed\n\n- `src/<package>/a.py` fixed\n\n"
+        "### Upgrade notes\n\n- `src/<package>/b.py` moved to `c.py`\n\n## [0.1.0] - 2026\n"
+    )
+    notes = upgrade_notes(changelog)
+    assert missing_from_notes(["src/<package>/a.py", "src/<package>/b.py"], notes) == [
+        "src/<package>/a.py"
+    ]
+    used = interface_names(
+        {
+            "train.py": "from . import model as m\nfrom .data import build_datasets\n"
+            "m.build_model_for(1, 2)\ngetattr(m, 'extra', None)\n",
+            "model.py": "from .config import Config\n",
+        }
+    )
+    assert used == {
+        "model": {"build_model_for", "extra"},
+        "data": {"build_datasets"},
+        "config": set(),
+    }
