@@ -5,7 +5,9 @@
                      lint, docs, gpu
     nox -s tests     the template's pytest suite: rendering, answers, render matrix, update
     nox -s update    only the `copier update` tests
-    nox -s gpu       render the answer matrix, run each project's GPU checks (skips without CUDA)
+    nox -s gpu       on a GPU machine: render, run the project's GPU checks (`nox -s gpu` in the
+                     render: GPU suite, torchrun DDP, compile modes, profiler, benchmark) and a
+                     summary; skips without a GPU, fails when one is there but torch cannot use it
     nox -s lint      ruff over the template's own Python and over every rendered project
     nox -s docs      build the documentation site with mkdocs --strict into build/site
 
@@ -48,13 +50,16 @@ ENV_PACKAGES = [
     "mkdocs-material>=9.5",  # the docs session and tests/test_docs.py build the site
 ]
 NO_CUDA = "no CUDA device: GPU checks skipped"
+# The generated projects' GPU probe, stand-alone (stdlib + torch), so it runs by path here.
+CUDA_CHECK = ROOT / "template" / "src" / "{{ package_name }}" / "cuda_check.py"
 # copier.yml's _min_copier_version: the `tests` session also runs the update tests on it.
 MIN_COPIER = "9.13.0"
-# The update tests rerun on it: check-update, merge, conflict, undo and rename (a few updates
-# each, so the rerun costs under a minute); the history replay runs on the newest copier only.
+# The update tests rerun on it: check-update (the generated CI's job), a merge, a conflict found
+# and undone, the README left alone. The rest (history replay, rename, hand-edited answers,
+# real edits from the last release) run on the newest copier only, to keep CI time small.
 MIN_COPIER_TESTS = (
     "test_the_copier_under_test_is_the_one_expected or test_user_edits_survive "
-    "or test_conflicts_renames_and_the_readme or test_the_package_is_renamed"
+    "or test_conflicts_renames_and_the_readme"
 )
 
 # What CI runs (.ci/run names them explicitly, as the README does): the demo too, so the
@@ -63,16 +68,16 @@ nox.options.sessions = ["demo", "tests", "lint", "docs", "gpu"]
 nox.options.error_on_missing_interpreters = True
 
 
-def _load_matrix() -> tuple[dict[str, dict[str, Any]], Any]:
+def _load_matrix() -> tuple[dict[str, dict[str, Any]], Any, str]:
     """The answer matrix lives with the tests (tests/matrix.py); load it by path."""
     spec = importlib.util.spec_from_file_location("matrix", ROOT / "tests" / "matrix.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.MATRIX, module.package_name
+    return module.MATRIX, module.package_name, module.SLOW_RENDER
 
 
-MATRIX, package_name = _load_matrix()
+MATRIX, package_name, SLOW_RENDER = _load_matrix()
 
 
 class Env:
@@ -177,20 +182,40 @@ def _update_tests_on_min_copier(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none", requires=["env"])
 def gpu(session: nox.Session) -> None:
-    """Each matrix render's GPU suite, `benchmark --quick` and profiler (`-- <entry>` picks)."""
-    has_cuda = _run(session, "-c", "import torch; print(torch.cuda.is_available())", silent=True)
-    if "True" not in str(has_cuda):
-        session.log(NO_CUDA)
+    """The one command a GPU machine runs: the project's GPU checks in a render, with a summary.
+
+    Renders SLOW_RENDER (`-- <entry> ...` picks others, `-- all` every one), then runs the
+    render's own `nox --no-venv -s gpu` in this interpreter: the GPU test suite, compiled
+    training (default and reduce-overhead), deterministic + compile, torchrun DDP with fp16 and
+    accumulation, the profiler and `benchmark --quick`, then that session's summary table.
+    Without a GPU it skips; with a GPU that torch cannot use it fails, saying why.
+    """
+    # Exit 1 when a GPU is there but torch cannot use it. run_path: running the file itself
+    # would put its folder (utils.py, data.py, ...) first on sys.path, shadowing real modules.
+    probe = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')"
+    report = str(_run(session, "-c", probe, CUDA_CHECK, silent=True)).strip()
+    session.log(report)
+    if report.startswith(NO_CUDA):
         return
-    for name, answers in _selected(session).items():
+    if Env.python == "python":  # --no-venv: the render's session needs nox in this python
+        _require_modules(session, ["nox"])
+    if session.posargs == ["all"]:
+        chosen = MATRIX
+    else:
+        chosen = _selected(session) if session.posargs else {SLOW_RENDER: MATRIX[SLOW_RENDER]}
+    results = {}
+    for name, answers in chosen.items():
         project = _render(session, BUILD / "gpu" / name, answers)
-        package = package_name(answers)
         session.chdir(project)
-        # Imported from src/ rather than installed: an offline GPU machine may lack setuptools.
-        src = {"PYTHONPATH": str(project / "src")}
-        _run(session, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", env=src)
-        _run(session, "-m", f"{package}.benchmark", "--quick", env=src)
-        _run(session, "-m", f"{package}.profiling", env=src)
+        try:  # the render's own session, in this interpreter (--no-venv: sys.executable)
+            _run(session, "-m", "nox", "--no-venv", "-s", "gpu")
+            results[name] = "ok"
+        except CommandFailed:
+            results[name] = "FAILED"
+    session.log("GPU checks per render: " + ", ".join(f"{n} {r}" for n, r in results.items()))
+    if "FAILED" in results.values():
+        failed = [name for name, result in results.items() if result != "ok"]
+        session.error(f"GPU checks failed in: {', '.join(failed)} (summary tables above)")
 
 
 @nox.session(venv_backend="none", requires=["env"])

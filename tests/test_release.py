@@ -49,11 +49,12 @@ def release_revision(version: str) -> str:
 
 
 def upgrade_notes(changelog: str) -> str:
-    """The text of the Unreleased section's `### Upgrade notes` (empty when there is none)."""
+    """The text of the Unreleased section's `### Upgrade notes` subsections, all of them
+    (`### Upgrade notes (issue 11)` counts too); empty when there is none."""
     unreleased = re.search(r"^## \[Unreleased\]\s*$(.*?)(?=^## \[|\Z)", changelog, re.M | re.S)
     assert unreleased, "CHANGELOG.md has no ## [Unreleased] section"
-    notes = re.search(r"^### Upgrade notes\s*$(.*?)(?=^### |\Z)", unreleased[1], re.M | re.S)
-    return notes[1] if notes else ""
+    notes = re.finditer(r"^### Upgrade notes[^\n]*$(.*?)(?=^### |\Z)", unreleased[1], re.M | re.S)
+    return "\n".join(note[1] for note in notes)
 
 
 def rendered_name(template_path: str) -> str:
@@ -192,12 +193,15 @@ def test_the_release_checks_see_renames_calls_and_notes(tmp_path):
     ) == (".github/workflows/ci.yml")
     changelog = (
         "# Changelog\n\n## [Unreleased]\n\n### Fixed\n\n- `src/<package>/a.py` fixed\n\n"
-        "### Upgrade notes\n\n- `src/<package>/b.py` moved to `c.py`\n\n## [0.1.0] - 2026\n"
+        "### Upgrade notes\n\n- `src/<package>/b.py` moved to `c.py`\n\n### Added\n\n- `e.py`\n\n"
+        "### Upgrade notes (issue 11)\n\n- `d.py` gone\n\n## [0.1.0] - 2026\n\n"
+        "### Upgrade notes\n\n- `f.py` gone\n"
     )
     notes = upgrade_notes(changelog)
     assert missing_from_notes(["src/<package>/a.py", "src/<package>/b.py"], notes) == [
         "src/<package>/a.py"
     ]
+    assert missing_from_notes(["d.py", "e.py", "f.py"], notes) == ["e.py", "f.py"]
     used = interface_names(
         {
             "train.py": "from . import model as m\nfrom .data import build_datasets\n"

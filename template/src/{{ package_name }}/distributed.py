@@ -39,7 +39,7 @@ class Context:
 def setup(device_name: str) -> Context:
     """Join the torchrun process group if there is one: NCCL on CUDA, gloo on CPU.
 
-    Each rank drives the GPU numbered by its LOCAL_RANK on this node.
+    Each rank drives one GPU of this node: see `local_gpu` for which.
     """
     if "RANK" not in os.environ:
         return Context(0, 1, 0, 1, utils.resolve_device(device_name))
@@ -48,7 +48,9 @@ def setup(device_name: str) -> Context:
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     wants_cuda = device_name in ("auto", "cuda") or device_name.startswith("cuda:")
     if wants_cuda and torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
+        device = torch.device(
+            "cuda", local_gpu(local_rank, local_world_size, torch.cuda.device_count())
+        )
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)
     elif device_name in ("auto", "cpu"):
@@ -60,6 +62,26 @@ def setup(device_name: str) -> Context:
             "(DDP here supports CUDA with NCCL and CPU with gloo)"
         )
     return Context(rank, world_size, local_rank, local_world_size, device)
+
+
+def local_gpu(local_rank: int, local_world_size: int, visible: int) -> int:
+    """The CUDA ordinal this rank drives, given how many GPUs this process sees.
+
+    - every rank sees every GPU of the node (torchrun on a whole node): GPU number LOCAL_RANK;
+    - each rank sees exactly one GPU (SLURM with `--gpus-per-task=1`, or one
+      CUDA_VISIBLE_DEVICES per task): that GPU, cuda:0;
+    - anything else (say 4 ranks on a node and 2 visible GPUs) has no right answer: raise a
+      ValueError that says so, rather than fail later with "invalid device ordinal".
+    """
+    if visible >= local_world_size:
+        return local_rank
+    if visible == 1:
+        return 0
+    raise ValueError(
+        f"LOCAL_RANK {local_rank} of {local_world_size} ranks on this node, but this process "
+        f"sees {visible} GPU(s); start one process per visible GPU (--nproc_per_node={visible}) "
+        "or give each task exactly one GPU (SLURM: --gpus-per-task=1)"
+    )
 
 
 # Process groups left by `cleanup`, freed only when the interpreter exits (see there).

@@ -20,7 +20,12 @@ from .config import ConfigError
 
 
 class Meter:
-    """Sums of loss, correct predictions, samples and gradient norms over a log interval."""
+    """Sums of loss, correct predictions, samples and gradient norms over a log interval.
+
+    Under fp16 a step whose gradients overflowed is skipped by the GradScaler; its norm is
+    inf or NaN. Such steps are counted (`skipped_steps`) and left out of the mean norm, which
+    averages the finite norms only.
+    """
 
     def __init__(self, device: torch.device, world_size: int = 1):
         self.device = device
@@ -31,6 +36,7 @@ class Meter:
         self.loss = torch.zeros((), device=self.device)
         self.correct = torch.zeros((), device=self.device)
         self.grad_norm = torch.zeros((), device=self.device)
+        self.finite_steps = torch.zeros((), device=self.device)
         self.batches = 0  # host counters: known without asking the device
         self.samples = 0
         self.steps = 0
@@ -44,7 +50,10 @@ class Meter:
         self.samples += targets.shape[0]
 
     def add_step(self, grad_norm: torch.Tensor) -> None:
-        self.grad_norm += grad_norm.detach()
+        norm = grad_norm.detach().float()
+        finite = torch.isfinite(norm)  # on the device: no sync
+        self.grad_norm += torch.where(finite, norm, torch.zeros_like(norm))
+        self.finite_steps += finite
         self.steps += 1
 
     def read(self) -> dict[str, float]:
@@ -55,19 +64,22 @@ class Meter:
                 self.loss.float(),
                 self.correct.float(),
                 self.grad_norm.float(),
+                self.finite_steps.float(),
                 torch.tensor(float(self.batches), device=self.device),
                 torch.tensor(float(self.samples), device=self.device),
                 torch.tensor(self.data_time, device=self.device),
             ]
         )
-        loss, correct, grad_norm, batches, samples, data_time = distributed.all_reduce(
+        loss, correct, grad_norm, finite, batches, samples, data_time = distributed.all_reduce(
             values
         ).tolist()
-        # Every rank holds the same (all-reduced) gradient norm; data time is averaged.
+        # Every rank holds the same (all-reduced) gradient norm and skips the same steps;
+        # data time is averaged.
         return {
             "loss_sum": loss,
             "correct": correct,
             "grad_norm_sum": grad_norm / self.world_size,
+            "finite_steps": round(finite / self.world_size),
             "batches": batches,
             "samples": samples,
             "steps": self.steps,
@@ -79,11 +91,15 @@ class Meter:
 def summarize(totals: dict[str, float]) -> dict[str, float]:
     """Turn summed counters (from `Meter.read`, possibly added up) into reported metrics."""
     batches, samples = max(totals["batches"], 1), max(totals["samples"], 1)
+    finite = totals.get("finite_steps", totals["steps"])
     elapsed = max(totals["elapsed"], 1e-9)
     return {
         "loss": totals["loss_sum"] / batches,
         "acc": totals["correct"] / samples,
-        "grad_norm": totals["grad_norm_sum"] / max(totals["steps"], 1),
+        # The mean over steps with a finite norm (None-like NaN when there were none);
+        # totals from before `finite_steps` existed count every step as finite.
+        "grad_norm": (totals["grad_norm_sum"] / finite if finite else math.nan),
+        "skipped_steps": totals["steps"] - finite,
         "samples_per_s": totals["samples"] / elapsed,
         "data_wait": totals["data_time"] / elapsed,
     }

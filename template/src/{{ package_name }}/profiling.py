@@ -5,7 +5,7 @@ Runs `train.train` (same flags as training) under `torch.profiler` for
 
 - writes a Chrome trace, `<out>/trace.json`: open it at https://ui.perfetto.dev (or
   chrome://tracing). The training loop labels every step's phases `data`, `forward`,
-  `backward` and `optimizer`, so they show up as named ranges above the operators;
+  `backward`, `sync` and `optimizer`, so they show up as named ranges above the operators;
 - prints the operators that took the most time of their own (device time on an accelerator,
   CPU time otherwise), also saved as `<out>/top_operators.txt`;
 - prints how the step time splits between the phases, above all the share spent waiting for
@@ -36,7 +36,9 @@ from . import utils
 from .config import Config, build_parser, parse_config
 from .data import build_datasets
 
-PHASES = ("data", "forward", "backward", "optimizer")
+# "sync" is the step's one host sync (the finite-loss check): on a GPU it absorbs the wait
+# for the queued forward and backward kernels, so it gets its own label, next to the others.
+PHASES = ("data", "forward", "backward", "sync", "optimizer")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,11 +8,11 @@ then the loop. The same code runs on a laptop CPU and across GPUs and nodes:
     python -m <package>.train --resume auto          # after a preemption (SIGTERM)
 
 Every step labels its phases with `record_function` ("data", "forward", "backward",
-"optimizer"), so a profiler trace shows where the time goes. Exit codes: 0 done, 1 training
-blew up (a non-finite loss, weight or statistic; nothing non-finite is ever saved), 2 bad input
-(flags, data, checkpoint, a run dir in use or holding another run), 74 a checkpoint could not
-be written (disk full, read-only), 128+N stopped by signal N after saving. docs/reliability.md
-lists every fault and how to recover.
+"optimizer", and "sync" for the step's one host sync), so a profiler trace shows where the
+time goes. Exit codes: 0 done, 1 training blew up (a non-finite loss, weight or statistic;
+nothing non-finite is ever saved), 2 bad input (flags, data, checkpoint, a run dir in use or
+holding another run), 74 a checkpoint could not be written (disk full, read-only), 128+N
+stopped by signal N after saving. docs/reliability.md lists every fault and how to recover.
 """
 
 from __future__ import annotations
@@ -82,6 +82,7 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
         # cuDNN times candidate kernels once per input shape and keeps the fastest: a win for
         # fixed shapes, but the choice is not repeatable, so never in deterministic mode.
         torch.backends.cudnn.benchmark = config.cudnn_benchmark and not config.deterministic
+        utils.set_tf32(config.tf32)  # only CUDA kernels on Ampere or newer read it
         run_dir = Path(config.run_dir)
         last_path = run_dir / "checkpoints" / "last.pt"
         best_path = run_dir / "checkpoints" / "best.pt"
@@ -310,27 +311,30 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
                         scaler=scaler,
                         optimizer=optimizer,
                     )
-                    # The one deliberate host sync per step: it lets the run stop BEFORE a NaN
-                    # reaches the weights. Loss and norm share one flag, so one read. Under
-                    # fp16 an inf gradient is routine (GradScaler skips that step), so only
-                    # the loss counts there.
+                # The one deliberate host sync per step: it lets the run stop BEFORE a NaN
+                # reaches the weights. Loss and norm share one flag, so one read. Under fp16
+                # an inf gradient is routine (GradScaler skips that step), so only the loss
+                # counts there. Its own label: on a GPU the wait for the queued forward and
+                # backward lands here, not in the phases around it.
+                with record_function("sync"):
                     step_loss = step_losses[0] if accum == 1 else torch.stack(step_losses).sum()
                     # (loss + norm is finite exactly when both are: one kernel fewer.)
                     healthy = torch.isfinite(
                         step_loss if scaler.is_enabled() else step_loss + grad_norm
                     )
                     blew_up, stop_now = _agree(healthy, stop.signum is not None, ctx, device)
-                    if blew_up:  # every rank got here: the verdict was all-reduced
-                        raise _blow_up_error(
-                            raw_model,
-                            micro_batches,
-                            config,
-                            device,
-                            step_loss / accum,
-                            grad_norm,
-                            global_step + 1,
-                            rundir.kept(last_path, best_path),
-                        )
+                if blew_up:  # every rank got here: the verdict was all-reduced
+                    raise _blow_up_error(
+                        raw_model,
+                        micro_batches,
+                        config,
+                        device,
+                        step_loss / accum,
+                        grad_norm,
+                        global_step + 1,
+                        rundir.kept(last_path, best_path),
+                    )
+                with record_function("optimizer"):
                     scaler.step(optimizer)
                     scaler.update()
                     optimizer.zero_grad(set_to_none=True)
@@ -373,7 +377,10 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
             # ---- end of epoch: evaluate, log, checkpoint ------------------------------------
             add_totals(epoch_totals, meter.read())
             distributed.broadcast_buffers(raw_model)
-            val = evaluate(compiled, val_loader, device, config.precision)
+            # The uncompiled model: the compiled graph was traced in training mode, and
+            # inference mode plus the last, smaller validation batch would cost two more
+            # compilations (per rank, different ones with uneven shards).
+            val = evaluate(raw_model, val_loader, device, config.precision)
             train_metrics = summarize(epoch_totals)
             result = {
                 "kind": "epoch",
@@ -384,6 +391,7 @@ def train(config: Config, *, on_step: Callable[[int], None] | None = None) -> di
                 **val,
                 "lr": optimizer.param_groups[0]["lr"],
                 "grad_norm": train_metrics["grad_norm"],
+                "skipped_steps": train_metrics["skipped_steps"],
                 "samples_per_s": train_metrics["samples_per_s"],
                 "data_wait": train_metrics["data_wait"],
                 **_memory(device),
@@ -415,11 +423,14 @@ def cross_entropy(
 ) -> torch.Tensor:
     """`F.cross_entropy` for class indices, safe under `--deterministic` on GPUs.
 
-    NLLLoss (inside F.cross_entropy) has no deterministic CUDA kernel and raises once
-    `torch.use_deterministic_algorithms(True)` is on. There, the same value is computed as
-    log_softmax + gather, whose backward is deterministic; elsewhere the fused op is faster.
+    The CUDA NLLLoss kernels for (N, C) logits reduce in one block and raise no determinism
+    alert; only the spatial one, for (N, C, H, W) logits (`nll_loss2d`, per-pixel
+    classification), accumulates with atomics and raises once
+    `torch.use_deterministic_algorithms(True)` is on (aten/src/ATen/native/cuda/Loss.cu and
+    NLLLoss2d.cu). There alone the same value is computed as log_softmax + gather, whose
+    backward is deterministic; everywhere else the fused op is faster.
     """
-    if logits.is_cuda and torch.are_deterministic_algorithms_enabled():
+    if logits.dim() > 2 and logits.is_cuda and torch.are_deterministic_algorithms_enabled():
         return gather_cross_entropy(logits, targets, reduction)
     return F.cross_entropy(logits, targets, reduction=reduction)
 
@@ -427,7 +438,7 @@ def cross_entropy(
 def gather_cross_entropy(
     logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
 ) -> torch.Tensor:
-    """Cross-entropy without NLLLoss, in float32 also under autocast."""
+    """Cross-entropy without NLLLoss, in float32 also under autocast; logits (N, C, ...)."""
     picked = logits.float().log_softmax(dim=1).gather(1, targets.unsqueeze(1))
     return -(picked.sum() if reduction == "sum" else picked.mean())
 
@@ -452,7 +463,8 @@ def evaluate(
             inputs, targets = utils.to_device((inputs, targets), device)
             with utils.autocast(device, precision):
                 logits = model(inputs)
-            loss_sum += cross_entropy(logits, targets, reduction="sum")
+            # In float32: bf16/fp16 logits outside autocast would give a quantised sum.
+            loss_sum += cross_entropy(logits.float(), targets, reduction="sum")
             correct += (logits.argmax(1) == targets).sum()
             count += targets.shape[0]
         totals = torch.stack([loss_sum, correct, torch.tensor(float(count), device=device)])

@@ -59,6 +59,7 @@ __all__ = [
     "seed_everything",
     "seed_worker",
     "set_deterministic",
+    "set_tf32",
     "synchronize",
     "to_device",
     "tune_num_workers",
@@ -731,14 +732,36 @@ def autocast(device: torch.device | str, precision: str) -> contextlib.AbstractC
     return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
 
 
-def make_grad_scaler(device: torch.device | str, precision: str) -> torch.amp.GradScaler:
+def make_grad_scaler(
+    device: torch.device | str, precision: str, *, init_scale: float = 2.0**16
+) -> torch.amp.GradScaler:
     """A GradScaler that is enabled only for fp16, where small gradients would underflow.
 
     bf16 has fp32's exponent range, so it needs no scaling; a disabled scaler's methods are
-    no-ops, so the training loop calls them unconditionally.
+    no-ops, so the training loop calls them unconditionally. The default `init_scale` (65536)
+    is above fp16's largest value (65504): a loss whose gradient is ~1 per fp16 element
+    overflows on the first steps, which the scaler skips while it lowers the scale. Tests that
+    need the first step to count pass a small `init_scale`.
     """
     _check_precision(precision)
-    return torch.amp.GradScaler(torch.device(device).type, enabled=precision == "fp16")
+    return torch.amp.GradScaler(
+        torch.device(device).type, init_scale=init_scale, enabled=precision == "fp16"
+    )
+
+
+def set_tf32(enabled: bool) -> None:
+    """Let fp32 matmuls and convolutions use TF32 tensor cores on Ampere and newer GPUs.
+
+    TF32 keeps fp32's range with a 10-bit mantissa (about 3 decimal digits) inside the
+    multiply; inputs, outputs and accumulation stay fp32. It makes fp32 matmuls several times
+    faster on Ampere or newer, and changes nothing on CPUs or older GPUs. PyTorch's own
+    defaults are IEEE fp32 for matmuls and TF32 for cuDNN convolutions; this sets both one
+    way. Only the current API (`fp32_precision`) is used: PyTorch raises when the legacy
+    `allow_tf32` flags are read after the new ones were set, so do not mix them.
+    """
+    precision = "tf32" if enabled else "ieee"
+    torch.backends.cuda.matmul.fp32_precision = precision
+    torch.backends.cudnn.conv.fp32_precision = precision
 
 
 def synchronize(device: torch.device) -> None:
