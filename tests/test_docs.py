@@ -145,7 +145,12 @@ SHRINK = [
     "2",
 ]
 PROFILE_SHRINK = ["--profile-wait", "0", "--profile-warmup", "1", "--profile-steps", "1"]
-SHRINK_BY_MODULE = {"train": SHRINK, "profiling": [*SHRINK, *PROFILE_SHRINK]}
+TUNE_SHRINK = ["--steps", "2", "--rounds", "2"]
+SHRINK_BY_MODULE = {
+    "train": SHRINK,
+    "profiling": [*SHRINK, *PROFILE_SHRINK],
+    "tune": [*SHRINK, *TUNE_SHRINK],
+}
 # Too slow to run here (minutes); a test of the generated project must run it with the same flags.
 # (single-node torchrun starts three torch processes: the generated suite runs it already).
 COVERED_BY_PROJECT_TESTS = {f"{PACKAGE}.benchmark", "torch.distributed.run"}
@@ -503,10 +508,12 @@ class Runner:
         """A fresh copy of the project, for a command that runs beside the others."""
         self.copies += 1
         target = self.workspace / f"isolated{self.copies}"
+        outputs = {"runs", "profiles", "benchmarks", ".git"}  # at the top only: not the package
+        root = str(self.project)
         shutil.copytree(
             self.project,
             target,
-            ignore=shutil.ignore_patterns("runs", "profiles", "benchmarks", ".git"),
+            ignore=lambda folder, names: outputs.intersection(names) if folder == root else (),
         )
         return target
 

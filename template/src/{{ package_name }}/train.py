@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 from tqdm import tqdm
 
-from . import checkpoint, distributed, rundir, utils
+from . import checkpoint, distributed, mfu, rundir, utils
 from . import model as user_model
 from .checkpoint import Interrupted, SaveError
 from .config import Config, ConfigError, parse_config
@@ -104,6 +104,15 @@ def train(
         workers = utils.resolve_num_workers(
             config.num_workers, ctx.local_world_size, in_memory=info.in_memory
         )
+        if config.num_workers == "auto" and not info.in_memory:  # measured once, then cached
+            workers, rates, cached = utils.auto_num_workers(
+                train_set,
+                batch_size=config.batch_size,
+                dataset_id=str(config.data_dir),
+                world_size=ctx.local_world_size,
+                device=device,
+            )
+            log(f"--num-workers auto: {workers} ({'cached' if cached else 'measured'}: {rates})")
         sampler = ResumableSampler(
             train_set, num_replicas=ctx.world_size, rank=ctx.rank, seed=config.seed
         )
@@ -243,6 +252,10 @@ def train(
             if rundir.any_rank(failure is not None, device):
                 raise failure or SaveError("rank 0 could not write the checkpoint; see its message")
 
+        # FLOPs counted once, peaks measured once: two divisions per log line (mfu.py).
+        utilization = mfu.Utilization.for_run(raw_model, config, info, device, ctx.is_main)
+        if utilization.reason:
+            log(f"no MFU in metrics.jsonl: {utilization.reason}")
         run = run_record(config.to_dict(), device, ctx.world_size)
         writer = MetricsWriter(
             run_dir,
@@ -364,6 +377,7 @@ def train(
                         "lr": optimizer.param_groups[0]["lr"],
                         **_memory(device),
                     }
+                    record.update(utilization.record(record["samples_per_s"] / ctx.world_size))
                     writer.write(record)
                     bar.set_postfix(loss=f"{record['loss']:.4f}", acc=f"{record['acc']:.3f}")
                     meter.reset()

@@ -2,7 +2,8 @@
 
 1. Seeding and determinism        seed_everything, seed_worker, set_deterministic
 2. Anomaly detection (debugging)  anomaly_detection, check_finite, diagnose_nonfinite
-3. DataLoader workers             resolve_num_workers, build_dataloader, tune_num_workers
+3. DataLoader workers             resolve_num_workers, build_dataloader, tune_num_workers,
+                                  auto_num_workers (measured, cached)
 4. pin_memory + non_blocking      build_dataloader (pins), to_device (non_blocking)
 5. torch.compile                  maybe_compile, unwrap_model
 6. Evaluation without autograd    evaluation_mode
@@ -21,14 +22,18 @@ import contextlib
 import copy
 import inspect
 import itertools
+import json
 import math
 import os
+import platform
 import random
 import re
 import signal
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,9 +43,11 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 __all__ = [
     "NonFiniteLossError",
     "anomaly_detection",
+    "auto_num_workers",
     "autocast",
     "available_cpus",
     "build_dataloader",
+    "cache_dir",
     "check_finite",
     "clip_gradients",
     "diagnose_nonfinite",
@@ -301,7 +308,8 @@ def resolve_num_workers(
     "auto" shares the CPUs this process may use among the `world_size` ranks on this node
     and leaves one per rank for the main process, which runs the training loop. A dataset
     that is already a tensor in memory (`in_memory=True`) gets 0: workers would only add
-    inter-process copies. Measure with `tune_num_workers` for the real answer.
+    inter-process copies. This is the guess; `auto_num_workers` measures (what training's
+    `--num-workers auto` uses).
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -417,6 +425,111 @@ def tune_num_workers(
         raise ValueError("tune_num_workers needs at least one candidate")
     best = max(results, key=results.__getitem__)
     return best, results
+
+
+def cache_dir() -> Path:
+    """Where measurements are kept between runs: $XDG_CACHE_HOME/<package>, else
+    ~/.cache/<package>. Delete it to measure again (after a hardware change, say)."""
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / (__package__ or "torch-project").split(".")[0]
+
+
+def auto_num_workers(
+    dataset: Dataset[Any],
+    *,
+    batch_size: int,
+    dataset_id: str,
+    world_size: int = 1,
+    in_memory: bool = False,
+    device: torch.device | str | None = None,
+    num_batches: int = 4,
+    rounds: int = 3,
+    cache: Path | None = None,
+) -> tuple[int, dict[int, float], bool]:
+    """`--num-workers auto`: the fastest worker count measured on this dataset, cached.
+
+    Returns (workers, samples/s per candidate, whether it came from the cache). In-memory
+    data gets 0 without measuring. Otherwise `tune_num_workers` times a few batches per
+    candidate (0, 1, 2, 4, ... up to this rank's share of the CPUs) in `rounds` interleaved
+    rounds, once per dataset
+    (`dataset_id`, its length, the batch size) and machine (CPU model and count, ranks per
+    node); the answer is kept in `cache` (default `cache_dir()`), so later runs start at
+    once. A measurement that cannot run falls back to `resolve_num_workers("auto")`.
+    """
+    if in_memory:
+        return 0, {}, False
+    if os.path.exists(dataset_id):  # a folder: the same one from any working directory
+        dataset_id = os.path.abspath(dataset_id)
+    share = max(1, available_cpus() // world_size)
+    candidates = sorted({0, *(n for n in (1, 2, 4, 8, 16, 32) if n <= share)})
+    key = "|".join(
+        [
+            dataset_id,
+            type(dataset).__name__,
+            str(len(dataset)),  # type: ignore[arg-type]
+            f"batch {batch_size}",
+            _cpu_name(),
+            f"{available_cpus()} cpus",
+            f"{world_size} ranks",
+        ]
+    )
+    path = (cache if cache is not None else cache_dir()) / "num_workers.json"
+    known: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        loaded = json.loads(path.read_text())
+        known = loaded if isinstance(loaded, dict) else {}
+    with contextlib.suppress(KeyError, ValueError, TypeError, AttributeError):
+        found = known[key]
+        rates = {int(k): float(v) for k, v in found["rates"].items()}
+        return int(found["best"]), rates, True
+    # Reading items may draw random numbers (augmentations in the main process, candidate
+    # 0): the run's random streams must not depend on whether the answer was cached.
+    python_state = random.getstate()
+    numpy_random = sys.modules.get("numpy.random")
+    numpy_state = numpy_random.get_state() if numpy_random is not None else None
+    try:
+        with torch.random.fork_rng(devices=[]):
+            # Interleaved rounds in alternating order (a busy spell hits every count alike),
+            # the median rate per count; the fewest workers within 3% of the fastest win.
+            per_round: dict[int, list[float]] = {n: [] for n in candidates}
+            for index in range(rounds):
+                _, found = tune_num_workers(
+                    dataset,
+                    batch_size=batch_size,
+                    candidates=candidates[:: -1 if index % 2 else 1],
+                    num_batches=num_batches,
+                    device=device,
+                )
+                for count, rate in found.items():
+                    per_round[count].append(rate)
+            rates = {n: sorted(r)[len(r) // 2] for n, r in per_round.items()}
+            fastest = max(rates.values())
+            best = min(n for n, rate in rates.items() if rate >= 0.97 * fastest)
+    except Exception:  # a small or broken dataset: the guess, and training reports the fault
+        return resolve_num_workers("auto", world_size), {}, False
+    finally:
+        random.setstate(python_state)
+        if numpy_random is not None:
+            numpy_random.set_state(numpy_state)
+    known[key] = {"best": best, "rates": rates}
+    try:  # atomically: ranks and runs on this machine share the file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        scratch.write_text(json.dumps(known, indent=1) + "\n")
+        scratch.replace(path)
+    except OSError:
+        pass  # a read-only home: measure again next time
+    return best, rates, False
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _cycle(loader: DataLoader[Any]) -> Iterator[Any]:

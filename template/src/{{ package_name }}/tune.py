@@ -1,0 +1,317 @@
+"""Find the fastest settings for this model, data and machine: `python -m <package>.tune --help`.
+
+Short trials of the real training step (`train.train`, stopped after a few steps), over the
+settings that matter on the device, one at a time from the current choice (a greedy search):
+
+1. precision: fp32, bf16 where the device supports it, fp16 on CUDA
+2. torch.compile: off, on (default mode), and on CUDA the CUDA-graph modes where they are safe
+3. DataLoader workers: 0, 1, 2, ... for data read from disk (in-memory data keeps 0)
+4. on accelerators, the largest batch size that fits (reported, not applied: a bigger batch
+   changes the optimisation, so it needs its own learning rate)
+
+Every comparison is timed as the benchmark times it: candidates alternate in rounds (A B, B A,
+...), each round's median step time gives one ratio, and a candidate replaces the current
+choice only when it is faster beyond the spread across rounds. The result is written to
+`tuned.toml` with every candidate's samples/s as comments, and `train --config tuned.toml`
+trains with it. Exit codes: 0 done, 2 bad flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import itertools
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import utils
+from .benchmarks.timing import compare_rounds
+from .config import Config, ConfigError, build_parser, parse_config
+from .data import build_datasets
+
+
+class _TrialDone(Exception):
+    """Raised from `on_step` to end a trial after its last timed step."""
+
+
+def time_steps(config: Config, steps: int, warmup: int) -> list[float]:
+    """Seconds per optimizer step of `train.train(config)`, after `warmup` untimed steps."""
+    from .train import train
+
+    stamps: list[float] = []
+    device = utils.resolve_device(config.device)
+
+    def on_step(step: int) -> None:
+        utils.synchronize(device)
+        stamps.append(time.perf_counter())
+        if step >= warmup + steps:
+            raise _TrialDone
+
+    with tempfile.TemporaryDirectory(prefix="tune-") as run_dir:
+        trial = dataclasses.replace(
+            config,
+            epochs=warmup + steps,  # enough also when an epoch is shorter than the trial
+            max_steps_per_epoch=warmup + steps,
+            run_dir=run_dir,
+            resume=None,
+            progress=False,
+            log_every=10**9,
+            tracker="none",  # the step alone: a tracker's I/O is not what is measured
+        )
+        with contextlib.suppress(_TrialDone), contextlib.redirect_stdout(io.StringIO()):
+            train(trial, on_step=on_step)
+    intervals = [b - a for a, b in itertools.pairwise(stamps)]
+    return intervals[warmup - 1 :] if warmup > 0 else intervals
+
+
+@dataclasses.dataclass
+class Trial:
+    label: str
+    overrides: dict[str, Any]
+    samples_per_s: float | None = None
+    note: str = ""
+
+
+def run_rounds(
+    base: Config, trials: list[Trial], *, steps: int, warmup: int, rounds: int
+) -> dict[str, list[float]]:
+    """Median step time per round for each trial, the trials alternating in order."""
+    medians: dict[str, list[float]] = {t.label: [] for t in trials}
+    order = list(trials)
+    for _ in range(rounds):
+        for trial in order:
+            if trial.note.startswith("failed"):
+                continue
+            config = dataclasses.replace(base, **trial.overrides)
+            try:
+                times = time_steps(config, steps, warmup)
+            except (ConfigError, RuntimeError, ValueError) as error:  # e.g. an OOM, no compiler
+                text = str(error).strip().splitlines()
+                trial.note = f"failed: {text[0] if text else type(error).__name__}"
+                continue
+            medians[trial.label].append(statistics.median(times))
+        order.reverse()
+    samples = base.batch_size * base.grad_accum_steps
+    for trial in trials:
+        if medians[trial.label] and not trial.note.startswith("failed"):
+            trial.samples_per_s = samples / statistics.median(medians[trial.label])
+    return medians
+
+
+def choose(
+    base: Config,
+    name: str,
+    candidates: list[Trial],
+    *,
+    steps: int,
+    warmup: int,
+    rounds: int,
+    report: list[str],
+) -> tuple[Config, list[Trial]]:
+    """Time `candidates` (the first is the current choice) and keep the fastest that beats
+    the current one beyond noise."""
+    medians = run_rounds(base, candidates, steps=steps, warmup=warmup, rounds=rounds)
+    current = candidates[0]
+    best, best_ratio, why = current, None, f"kept {current.label}"
+    for trial in candidates[1:]:
+        if trial.note.startswith("failed") or len(medians[trial.label]) != len(
+            medians[current.label]
+        ):
+            continue
+        # speed-up of trial over the current choice, round by round
+        comparison = compare_rounds(medians[current.label], medians[trial.label])
+        low, high = comparison["spread"]
+        trial.note = f"{comparison['ratio']:.2f}x {current.label} ({low:.2f}-{high:.2f})"
+        if low > 1.0 and (best_ratio is None or comparison["ratio"] > best_ratio):
+            best, best_ratio = trial, comparison["ratio"]
+    if best is not current:
+        why = f"chose {best.label}: {best.note}, faster beyond the spread across {rounds} rounds"
+    else:
+        others = candidates[1:]
+        why = f"kept {current.label}: " + (
+            "; ".join(f"{t.label} {t.note or 'not faster'}" for t in others)
+            or "no alternative here"
+        )
+        if any(t.note and not t.note.startswith("failed") for t in others):
+            why += " (none faster beyond noise)"
+    report.append(f"{name}: {why}")
+    return dataclasses.replace(base, **best.overrides), candidates
+
+
+def precision_candidates(config: Config, device: torch.device) -> list[Trial]:
+    available = ["fp32"]
+    if device.type == "cuda":
+        available += ["bf16", "fp16"] if torch.cuda.is_bf16_supported() else ["fp16"]
+    elif device.type in ("cpu", "mps"):
+        available.append("bf16")  # fp16 on a CPU is slow, and MPS has no GradScaler
+    ordered = [config.precision, *(p for p in available if p != config.precision)]
+    return [Trial(p, {"precision": p}) for p in ordered]
+
+
+def compile_candidates(config: Config, device: torch.device, quick: bool) -> list[Trial]:
+    on = config.compile == "on" or (config.compile == "auto" and device.type == "cuda")
+    current = Trial(f"compile {'on' if on else 'off'}", {"compile": "on" if on else "off"})
+    if quick and device.type == "cpu":
+        current.note = "alternatives not tried with --quick (inductor compiles for tens of s)"
+        return [current]
+    other = "off" if on else "on"
+    trials = [current, Trial(f"compile {other}", {"compile": other, "compile_mode": "default"})]
+    if device.type == "cuda":
+        modes = ["max-autotune-no-cudagraphs"]
+        if config.grad_accum_steps == 1:  # CUDA graphs and accumulation do not mix
+            modes.append("reduce-overhead")
+        trials += [Trial(f"compile {m}", {"compile": "on", "compile_mode": m}) for m in modes]
+    return trials
+
+
+def worker_candidates(config: Config, in_memory: bool) -> list[Trial]:
+    if in_memory:
+        return [Trial("0 workers", {"num_workers": "0"})]
+    cpus = utils.available_cpus()
+    counts = sorted({0, *(n for n in (1, 2, 4, 8) if n <= cpus)})
+    current = utils.resolve_num_workers(config.num_workers, in_memory=False)
+    counts = [current, *(n for n in counts if n != current)]
+    return [Trial(f"{n} workers", {"num_workers": str(n)}) for n in counts]
+
+
+def largest_batch(config: Config, device: torch.device, steps: int) -> tuple[int | None, str]:
+    """The largest power-of-two multiple of --batch-size whose training step fits in memory."""
+    if device.type != "cuda":
+        return None, "not searched: only on accelerators (a CPU has no memory wall to find)"
+    fits, size = config.batch_size, config.batch_size
+    for _ in range(6):  # up to 64x
+        size *= 2
+        try:
+            time_steps(dataclasses.replace(config, batch_size=size), 1, 1)
+        except torch.OutOfMemoryError:
+            break
+        except (ConfigError, ValueError) as error:  # e.g. a dataset smaller than the batch
+            return fits, f"stopped at {fits}: {str(error).splitlines()[0]}"
+        fits = size
+        torch.cuda.empty_cache()
+    torch.cuda.empty_cache()
+    return fits, "largest power-of-two multiple of --batch-size that fits (up to 64x)"
+
+
+def write_toml(
+    path: Path, config: Config, sections: list[tuple[str, list[Trial]]], extra: list[str]
+) -> None:
+    lines = [
+        f"# Written by `python -m {__package__}.tune`; train with `--config {path.name}`.",
+        "# samples/s of every candidate (median of interleaved rounds, this machine, this run):",
+    ]
+    for name, trials in sections:
+        for trial in trials:
+            rate = f"{trial.samples_per_s:.1f} samples/s" if trial.samples_per_s else "-"
+            lines.append(f"#   {name:<10} {trial.label:<32} {rate:<20} {trial.note}".rstrip())
+    lines += [f"# {line}" for line in extra]
+    lines += [
+        f'precision = "{config.precision}"',
+        f'compile = "{config.compile}"',
+        f'compile_mode = "{config.compile_mode}"',
+        f'num_workers = "{config.num_workers}"',
+    ]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("tune")
+    group.add_argument("--out", type=Path, default=Path("tuned.toml"), help="file to write")
+    group.add_argument(
+        "--quick", action="store_true", help="seconds, not minutes: few steps, no CPU compile"
+    )
+    group.add_argument(
+        "--steps",
+        type=int,
+        default=argparse.SUPPRESS,
+        help="timed steps per trial (default 4 quick, 20 otherwise)",
+    )
+    group.add_argument(
+        "--rounds",
+        type=int,
+        default=argparse.SUPPRESS,
+        help="interleaved rounds (default 2 quick, 3 otherwise)",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser("Measure settings on this machine and write the fastest to a TOML file.")
+    add_arguments(parser)
+    config, args = parse_config(argv, parser=parser)
+    steps = getattr(args, "steps", 4 if args.quick else 20)
+    rounds = getattr(args, "rounds", 2 if args.quick else 3)
+    if steps < 2:
+        parser.error(f"--steps must be >= 2, got {steps}")
+    if rounds < 2:
+        parser.error(f"--rounds must be >= 2 (a spread needs two rounds), got {rounds}")
+    try:
+        device = utils.resolve_device(config.device)
+        _, _, info = build_datasets(config)
+    except ValueError as error:
+        parser.error(str(error))
+    warmup = 2
+    report: list[str] = []
+    sections: list[tuple[str, list[Trial]]] = []
+    # Measure under the run's own worker count first: it does not change the step's compute.
+    start = dataclasses.replace(
+        config,
+        num_workers=str(utils.resolve_num_workers(config.num_workers, in_memory=info.in_memory)),
+    )
+    tuned = start
+    for name, candidates in (
+        ("precision", precision_candidates(config, device)),
+        ("compile", compile_candidates(config, device, args.quick)),
+        ("workers", worker_candidates(config, info.in_memory)),
+    ):
+        tuned, trials = choose(
+            tuned, name, candidates, steps=steps, warmup=warmup, rounds=rounds, report=report
+        )
+        sections.append((name, trials))
+    # Tuned against default, timed together in fresh interleaved rounds.
+    final = [
+        Trial("default", {}),
+        Trial(
+            "tuned",
+            {k: getattr(tuned, k) for k in ("precision", "compile", "compile_mode", "num_workers")},
+        ),
+    ]
+    medians = run_rounds(start, final, steps=steps, warmup=warmup, rounds=rounds)
+    sections.append(("result", final))
+    extra = list(report)
+    if medians["default"] and medians["tuned"]:
+        comparison = compare_rounds(medians["default"], medians["tuned"])
+        low, high = comparison["spread"]
+        noise = ", within noise" if comparison["within_noise"] else ""
+        extra.append(f"tuned vs default: {comparison['ratio']:.2f}x ({low:.2f}-{high:.2f}{noise})")
+        if high < 1.0:  # slower beyond noise together: the choices did not add up here
+            tuned = start
+            extra.append("tuned was slower than default in the final rounds: default written")
+    batch, why = largest_batch(tuned, device, steps)
+    extra.append(f"batch_size: {why}" + (f": {batch}" if batch else ""))
+    if batch and batch != config.batch_size:
+        extra.append(f"batch_size = {batch}  # not applied: scale --lr with the batch")
+    write_toml(args.out, tuned, sections, extra)
+    print(
+        f"tune on {device} ({config.model}, batch {config.batch_size}): {steps} timed steps "
+        f"per trial, {rounds} interleaved rounds"
+    )
+    for name, trials in sections:
+        for trial in trials:
+            rate = f"{trial.samples_per_s:8.1f} samples/s" if trial.samples_per_s else "       -"
+            print(f"  {name:<10} {trial.label:<32} {rate}  {trial.note}".rstrip())
+    for line in extra:
+        print(line)
+    print(f"written: {args.out} (train with: python -m {__package__}.train --config {args.out})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
