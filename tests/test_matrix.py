@@ -33,7 +33,9 @@ def test_trains_one_epoch(rendered, name, tmp_path):
     small = ["--train-samples", "1024", "--val-samples", "256"]  # one epoch, in seconds
     command = [sys.executable, "-m", f"{package}.train", "--epochs", "1", *small]
     # Run from a scratch folder, not the project: the installed package must be what imports.
-    result = run([*command, "--run-dir", tmp_path / "run"], tmp_path)
+    # A tracker answer logs for real, on this machine: W&B offline, MLflow in a local store.
+    local = {"WANDB_MODE": "offline", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'ml.db'}"}
+    result = run([*command, "--run-dir", tmp_path / "run"], tmp_path, env=local)
     output = result.stdout + result.stderr
     losses = [float(x) for x in re.findall(r"loss\W{1,3}(-?\d+\.\d+(?:e-?\d+)?)", output, re.I)]
     assert losses, f"no loss printed:\n{output[-2000:]}"

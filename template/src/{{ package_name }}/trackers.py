@@ -36,6 +36,14 @@ class Tracker(Protocol):
     def close(self) -> None: ...
 
 
+# What to try when a tracker cannot start, appended to its one-line error.
+HINTS = {
+    "wandb": " (log in with WANDB_API_KEY or `wandb login`, or set WANDB_MODE=offline to keep "
+    "the run on disk; --tracker none turns tracking off)",
+    "mlflow": " (check --tracker-uri or MLFLOW_TRACKING_URI; --tracker none turns tracking off)",
+}
+
+
 def open_tracker(
     name: str, run_dir: Path, *, experiment: str, uri: str | None, resuming: bool
 ) -> Tracker | None:
@@ -59,7 +67,9 @@ def open_tracker(
         raise
     except Exception as error:  # each library raises its own types; all mean "cannot start"
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise TrackerError(f"--tracker {name} could not start: {first}") from None
+        raise TrackerError(
+            f"--tracker {name} could not start: {first}{HINTS.get(name, '')}"
+        ) from None
 
 
 def metrics_of(record: dict[str, Any]) -> dict[str, float]:
