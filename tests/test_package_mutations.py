@@ -141,6 +141,13 @@ MUTATIONS = [
     bug("rerun-overwrites-checkpoints", "rundir.py",
         "if saved and resume is None:", "if saved and resume == 'never':",
         "test_faults.py", "not_overwritten"),
+    # ---- trackers.py, sweep.py: what a tracker receives, how a sweep ranks ------------------
+    bug("tracker-metrics-lose-their-kind", "trackers.py",
+        'f"{kind}/{key}": float(value)', 'f"{key}": float(value)',
+        "test_trackers.py", "tensorboard_event_files"),
+    bug("sweep-ranks-worst-first", "sweep.py",
+        'sign = -1.0 if DIRECTIONS[metric] == "maximize" else 1.0', "sign = 1.0",
+        "test_sweep.py", "ranked_best_first"),
     # ---- data.py: sampler state and shards -----------------------------------------------------
     bug("sampler-start-ignored", "data.py",
         "itertools.islice(super().__iter__(), self.start, None)", "super().__iter__()",
