@@ -28,7 +28,11 @@ pytestmark = [pytest.mark.update, pytest.mark.slow]
 RELEASE = "0.1.0"
 PACKAGE = "edited_project"
 # Files where these edits and the template's changes since RELEASE touch the same lines.
-EXPECTED_CONFLICTS = {"src/edited_project/model.py", "src/edited_project/train.py"}
+EXPECTED_CONFLICTS = {
+    "src/edited_project/config.py",  # CHOICES gains `tracker` next to the user's model choice
+    "src/edited_project/model.py",
+    "src/edited_project/train.py",
+}
 
 USER_README = """# Edited project
 
@@ -166,6 +170,14 @@ def resolve_as_the_upgrade_notes_say(project: Path) -> None:
     package = project / "src" / PACKAGE
     take(package / "train.py", 2)  # the template's train.py: it calls build_model_for
     take(package / "model.py", 1)  # our model.py
+    # config.py: keep both lines of CHOICES, the template's new `tracker` and our model choice.
+    config = package / "config.py"
+    take(config, 2)
+    text = config.read_text()
+    assert text.count('"model": ("cnn", "mlp"),') == 1, "CHOICES' model line not found"
+    config.write_text(
+        text.replace('"model": ("cnn", "mlp"),', '"model": ("cnn", "mlp", "resmlp"),')
+    )
     model = package / "model.py"
     text = model.read_text()
     if "def build_model_for(" not in text:  # the note: add it, passing our own argument
