@@ -762,8 +762,13 @@ def set_tf32(enabled: bool) -> None:
     `allow_tf32` flags are read after the new ones were set, so do not mix them.
     """
     precision = "tf32" if enabled else "ieee"
+    cudnn_conv = getattr(torch.backends.cudnn, "conv", None)  # not in torch's stubs yet
+    if cudnn_conv is None:  # an older torch, which has only the legacy flags: no mixing there
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
+        return
     torch.backends.cuda.matmul.fp32_precision = precision
-    torch.backends.cudnn.conv.fp32_precision = precision
+    cudnn_conv.fp32_precision = precision
 
 
 def synchronize(device: torch.device) -> None:
