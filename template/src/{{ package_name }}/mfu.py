@@ -75,21 +75,9 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     if device.type == "cpu":
-        with_model = _cpu_model()
+        with_model = utils.cpu_name()
         return f"{with_model} ({torch.get_num_threads()} threads)"
     return device.type
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
 
 
 def datasheet_peak(device: torch.device, precision: str) -> tuple[float | None, str]:

@@ -468,7 +468,7 @@ def auto_num_workers(
             type(dataset).__name__,
             str(len(dataset)),  # type: ignore[arg-type]
             f"batch {batch_size}",
-            _cpu_name(),
+            cpu_name(),
             f"{available_cpus()} cpus",
             f"{world_size} ranks",
         ]
@@ -522,7 +522,8 @@ def auto_num_workers(
     return best, rates, False
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name (what cached measurements are keyed by)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
