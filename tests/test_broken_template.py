@@ -33,7 +33,7 @@ def _commit(repo, message: str) -> None:
 
 
 def test_a_syntax_error_in_a_rendered_module_fails_the_matrix(broken_repo, tmp_path):
-    model = broken_repo / PACKAGE_DIR / "model.py"
+    model = broken_repo / PACKAGE_DIR / "utils.py"
     model.write_text(model.read_text() + "\ndef broken(:\n    pass\n")
     _commit(broken_repo, "plant a syntax error")
     project = render(tmp_path / "project", {"project_name": "broken-project"}, src=broken_repo)

@@ -28,33 +28,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 from tqdm import tqdm
 
-from . import checkpoint, distributed, mfu, rundir, utils
-from . import model as user_model
+from . import checkpoint, distributed, rundir, utils
 from .checkpoint import Interrupted, SaveError
 from .config import Config, ConfigError, parse_config
-from .data import DataInfo, ResumableSampler, build_datasets, shard
+from .data import ResumableSampler, shard
 from .metrics import Meter, MetricsWriter, add_totals, run_record, summarize
-
-
-def build_model_for(config: Config, info: DataInfo) -> nn.Module:
-    """`model.build_model_for(config, info)`: the one call template-owned code makes into the
-    user's model.py (docs/updating.md of the template, "The interface"). A model.py written
-    before it existed gets one line saying what to add, not an ImportError."""
-    builder = getattr(user_model, "build_model_for", None)
-    if builder is None:
-        raise ConfigError(
-            f"{user_model.__file__} has no build_model_for(config, info), which train.py and "
-            "benchmark.py call since the release after copier-pytorch v0.1.0: add it, "
-            "returning build_model(...) with your arguments (the template's CHANGELOG, "
-            "Upgrade notes)"
-        )
-    return builder(config, info)
+from .task import blow_up_error, build_model_for, cross_entropy, evaluate, task_for
 
 
 def train(
@@ -100,7 +84,8 @@ def train(
             cleanup.callback(lock.close)
 
         # ---- data ---------------------------------------------------------------------------
-        train_set, val_set, info = build_datasets(config)
+        task = task_for(config)  # what differs per task: data, outputs, metrics, FLOPs
+        train_set, val_set, info = task.datasets(config)
         workers = utils.resolve_num_workers(
             config.num_workers, ctx.local_world_size, in_memory=info.in_memory
         )
@@ -253,7 +238,7 @@ def train(
                 raise failure or SaveError("rank 0 could not write the checkpoint; see its message")
 
         # FLOPs counted once, peaks measured once: two divisions per log line (mfu.py).
-        utilization = mfu.Utilization.for_run(raw_model, config, info, device, ctx.is_main)
+        utilization = task.utilization(raw_model, config, info, device, ctx.is_main)
         if utilization.reason:
             log(f"no MFU in metrics.jsonl: {utilization.reason}")
         run = run_record(config.to_dict(), device, ctx.world_size)
@@ -314,13 +299,13 @@ def train(
                         utils.anomaly_detection(config.detect_anomaly),
                     ):
                         with record_function("forward"), utils.autocast(device, config.precision):
-                            logits = model(inputs)
-                            loss = cross_entropy(logits, targets)
+                            logits, labels = task.outputs(model, inputs, targets)
+                            loss = cross_entropy(logits, labels)
                         with record_function("backward"):
                             # Average over micro-batches: the gradient of one big batch.
                             scaler.scale(loss / accum if accum > 1 else loss).backward()
                     step_losses.append(loss.detach())
-                    meter.add_batch(step_losses[-1], logits, targets)
+                    meter.add_batch(step_losses[-1], logits, labels)
 
                 with record_function("optimizer"):
                     grad_norm = utils.clip_gradients(
@@ -342,10 +327,11 @@ def train(
                     )
                     blew_up, stop_now = _agree(healthy, stop.signum is not None, ctx, device)
                 if blew_up:  # every rank got here: the verdict was all-reduced
-                    raise _blow_up_error(
+                    raise blow_up_error(
+                        task,
                         raw_model,
                         micro_batches,
-                        config,
+                        config.precision,
                         device,
                         step_loss / accum,
                         grad_norm,
@@ -378,6 +364,7 @@ def train(
                         **_memory(device),
                     }
                     record.update(utilization.record(record["samples_per_s"] / ctx.world_size))
+                    record.update(task.metrics(record))
                     writer.write(record)
                     bar.set_postfix(loss=f"{record['loss']:.4f}", acc=f"{record['acc']:.3f}")
                     meter.reset()
@@ -398,7 +385,7 @@ def train(
             # The uncompiled model: the compiled graph was traced in training mode, and
             # inference mode plus the last, smaller validation batch would cost two more
             # compilations (per rank, different ones with uneven shards).
-            val = evaluate(raw_model, val_loader, device, config.precision)
+            val = evaluate(raw_model, val_loader, device, config.precision, task)
             train_metrics = summarize(epoch_totals)
             result = {
                 "kind": "epoch",
@@ -412,6 +399,7 @@ def train(
                 "skipped_steps": train_metrics["skipped_steps"],
                 "samples_per_s": train_metrics["samples_per_s"],
                 "data_wait": train_metrics["data_wait"],
+                **task.metrics(train_metrics, "train_"),
                 **_memory(device),
             }
             writer.write({**result, "step": global_step})
@@ -441,58 +429,12 @@ def train(
         return result
 
 
-def cross_entropy(
-    logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
-) -> torch.Tensor:
-    """`F.cross_entropy` for class indices, safe under `--deterministic` on GPUs.
-
-    The CUDA NLLLoss kernels for (N, C) logits reduce in one block and raise no determinism
-    alert; only the spatial one, for (N, C, H, W) logits (`nll_loss2d`, per-pixel
-    classification), accumulates with atomics and raises once
-    `torch.use_deterministic_algorithms(True)` is on (aten/src/ATen/native/cuda/Loss.cu and
-    NLLLoss2d.cu). There alone the same value is computed as log_softmax + gather, whose
-    backward is deterministic; everywhere else the fused op is faster.
-    """
-    if logits.dim() > 2 and logits.is_cuda and torch.are_deterministic_algorithms_enabled():
-        return gather_cross_entropy(logits, targets, reduction)
-    return F.cross_entropy(logits, targets, reduction=reduction)
-
-
-def gather_cross_entropy(
-    logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
-) -> torch.Tensor:
-    """Cross-entropy without NLLLoss, in float32 also under autocast; logits (N, C, ...)."""
-    picked = logits.float().log_softmax(dim=1).gather(1, targets.unsqueeze(1))
-    return -(picked.sum() if reduction == "sum" else picked.mean())
-
-
 def lr_factor(step: int, *, warmup: int, total: int) -> float:
     """Linear warmup to the peak, then cosine decay to zero at `total` steps."""
     if step < warmup:
         return (step + 1) / (warmup + 1)
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def evaluate(
-    model: nn.Module, loader: Any, device: torch.device, precision: str
-) -> dict[str, float]:
-    """Mean loss and accuracy over `loader`, summed across ranks (each holds a shard)."""
-    with utils.evaluation_mode(model):
-        loss_sum = torch.zeros((), device=device)
-        correct = torch.zeros((), device=device)
-        count = 0
-        for inputs, targets in loader:
-            inputs, targets = utils.to_device((inputs, targets), device)
-            with utils.autocast(device, precision):
-                logits = model(inputs)
-            # In float32: bf16/fp16 logits outside autocast would give a quantised sum.
-            loss_sum += cross_entropy(logits.float(), targets, reduction="sum")
-            correct += (logits.argmax(1) == targets).sum()
-            count += targets.shape[0]
-        totals = torch.stack([loss_sum, correct, torch.tensor(float(count), device=device)])
-        loss, right, seen = distributed.all_reduce(totals).tolist()
-    return {"val_loss": loss / max(seen, 1), "val_acc": right / max(seen, 1)}
 
 
 def _agree(
@@ -508,41 +450,6 @@ def _agree(
     flags = torch.stack([~healthy, torch.tensor(stop, device=device)]).float()
     blew_up, stop_all = distributed.all_reduce(flags, op="max").tolist()
     return blew_up > 0, stop_all > 0
-
-
-def _blow_up_error(
-    model: nn.Module,
-    micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
-    config: Config,
-    device: torch.device,
-    loss: torch.Tensor,
-    grad_norm: torch.Tensor,
-    step: int,
-    kept: str,
-) -> utils.NonFiniteLossError:
-    """Re-run the bad step's batches eagerly under anomaly detection and describe the failure.
-
-    The optimizer has not stepped, so the weights are those that produced the bad value.
-    The unwrapped model is used: forward hooks need eager mode, and DDP would wait for ranks
-    that are not re-running anything.
-    """
-    loss_value, norm_value = float(loss), float(grad_norm)
-
-    def rerun() -> None:
-        for inputs, targets in micro_batches:
-            with utils.autocast(device, config.precision):
-                rerun_loss = cross_entropy(model(inputs), targets)
-            rerun_loss.backward()
-
-    finding = utils.diagnose_nonfinite(model, rerun)
-    distributed.barrier()  # leave together: see the barrier at the end of train()
-    what = "loss" if not math.isfinite(loss_value) else "gradient norm"
-    return utils.NonFiniteLossError(
-        f"non-finite {what} at step {step} (loss {loss_value}, grad norm {norm_value}): "
-        f"{finding}; {kept}; lower --lr, set --grad-clip, or check the data",
-        step=step,
-        value=loss_value,
-    )
 
 
 def _check_precision(precision: str, device: torch.device) -> None:
