@@ -284,6 +284,24 @@ class Utilization:
             enabled=enabled,
         )
 
+    @classmethod
+    def per_sample(
+        cls, flops: float | None, device: torch.device, precision: str, *, enabled: bool = True
+    ) -> Utilization:
+        """For a model that counts its own FLOPs per sample (a language model: per token);
+        `flops` None turns the columns off with a reason."""
+        self = cls.__new__(cls)
+        self.flops_per_sample, self.peak, self.datasheet, self.reason = None, None, None, ""
+        if not enabled:
+            return self
+        if flops is None:
+            self.reason = "the model has no flops_per_token()"
+            return self
+        self.flops_per_sample = flops
+        self.peak = measured_peak(device, precision).get("tflops")
+        self.datasheet = datasheet_peak(device, precision)[0]
+        return self
+
     def record(self, samples_per_s: float) -> dict[str, float]:
         """`tflops` achieved per device, `mfu` against the measured peak and, on a known GPU,
         `mfu_datasheet`; nothing when FLOPs are unknown."""
