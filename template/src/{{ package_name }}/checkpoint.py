@@ -35,7 +35,10 @@ REQUIRED_KEYS = (
     "config",
 )
 # Config fields that decide the shapes in the state dict: a mismatch is a clear error up front.
-MODEL_FIELDS = ("model", "width", "image_size", "num_classes", "data_dir")
+MODEL_FIELDS = (
+    *("model", "width", "image_size", "num_classes", "data_dir"),
+    *("depth", "heads", "seq_len"),  # the language model's (absent from an image config)
+)
 
 
 class CheckpointError(RuntimeError):
