@@ -1,7 +1,8 @@
 """The answer matrix, shared by the pytest suite and the noxfile (which loads this file by path).
 
 Four renders give every choice question each of its values at least once, with values paired
-up so that no render is a copy of another. Only the Python running the tests exists on the
+up so that no render is a copy of another: three image classifiers (cnn, mlp) and one
+language model. Only the Python running the tests exists on the
 machine, so other `python_version` answers are rendered and tested on it: they only change
 `requires-python`, ruff's target version and the CI workflow's Python.
 """
@@ -15,6 +16,7 @@ MATRIX: dict[str, dict[str, Any]] = {
         "project_name": "matrix-py310",
         "python_version": "3.10",
         "license": "MIT",
+        "task": "image",
         "model": "cnn",
         "github_actions": True,
         "tracker": "mlflow",
@@ -23,15 +25,17 @@ MATRIX: dict[str, dict[str, Any]] = {
         "project_name": "matrix-py311",
         "python_version": "3.11",
         "license": "Apache-2.0",
+        "task": "image",
         "model": "mlp",
         "github_actions": False,
         "tracker": "tensorboard",
     },
-    "py312-bsd-mlp": {
+    # The language model (no `model` question: it is asked for image projects only).
+    "py312-bsd-lm": {
         "project_name": "matrix-py312",
         "python_version": "3.12",
         "license": "BSD-3-Clause",
-        "model": "mlp",
+        "task": "lm",
         "github_actions": True,
         "tracker": "wandb",
     },
@@ -39,6 +43,7 @@ MATRIX: dict[str, dict[str, Any]] = {
         "project_name": "matrix-py313",
         "python_version": "3.13",
         "license": "none",
+        "task": "image",
         "model": "cnn",
         "github_actions": False,
         "tracker": "none",
