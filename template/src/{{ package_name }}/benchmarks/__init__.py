@@ -2,7 +2,7 @@
 
 One module per section, plus `timing` (what they share) and `cli` (the command line).
 
-Seven sections, side by side in one run. Every figure is a measurement from this run with its
+Eight sections, side by side in one run. Every figure is a measurement from this run with its
 spread (median and interquartile range from `torch.utils.benchmark`), or a ratio from
 interleaved rounds with its spread across rounds ("within noise" when that spread covers 1.0),
 or `skipped: <reason>`. Model FLOPs utilization is divided by a peak measured on this device
@@ -14,7 +14,9 @@ or `skipped: <reason>`. Model FLOPs utilization is divided by a peak measured on
 4. evaluation under inference_mode versus no_grad versus grad-enabled: time and peak memory
 5. anomaly detection, deterministic mode, gradient clipping: step time on / off
 6. the real training loop (`train.train`) versus a bare loop over the same model and data
-7. throughput in samples/s, achieved TFLOP/s and model FLOPs utilization (MFU)
+7. throughput in samples/s (tokens/s for a language model), achieved TFLOP/s and model FLOPs
+   utilization (MFU)
+8. attention through the fused `scaled_dot_product_attention` kernels versus its math kernel
 
 The table is printed, the numbers go to `<out>/benchmark.json`, and a chart to
 `<out>/benchmark.png` when matplotlib is installed (`pip install '.[plot]'`). `--quick` takes

@@ -16,9 +16,17 @@ from torch.utils.data import DataLoader
 
 from .. import utils
 from ..config import build_parser, parse_config
-from ..data import build_datasets
-from ..train import build_model_for  # model.build_model_for, or one line on what to add
-from . import compiling, debug_switches, evaluation, loop_overhead, pin_memory, throughput, workers
+from ..task import build_model_for, task_for  # build_model_for: one line if model.py lacks it
+from . import (
+    attention,
+    compiling,
+    debug_switches,
+    evaluation,
+    loop_overhead,
+    pin_memory,
+    throughput,
+    workers,
+)
 from .report import busy_note, describe_machine, load_average, print_section, write_chart
 from .timing import MIN_RUNS, Context, Skip
 
@@ -33,6 +41,7 @@ SECTIONS: dict[int, tuple[str, str]] = {
     5: ("debug_switches", "Debug switches: step time on / off"),
     6: ("loop_overhead", "Training loop vs bare reference loop"),
     7: ("throughput", "Throughput and model FLOPs utilization"),
+    8: ("attention", "Attention: fused SDPA kernels vs the math kernel (training step)"),
 }
 
 RUNNERS: dict[int, Callable[[Context], dict[str, Any]]] = {
@@ -43,6 +52,7 @@ RUNNERS: dict[int, Callable[[Context], dict[str, Any]]] = {
     5: debug_switches.section_debug_switches,
     6: loop_overhead.section_loop_overhead,
     7: throughput.section_throughput,
+    8: attention.section_attention,
 }
 
 
@@ -75,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a run of seconds (tests, smoke checks); numbers are rough",
     )
     group.add_argument(
-        "--sections", default="1,2,3,4,5,6,7", help="comma-separated section numbers to run"
+        "--sections", default="1,2,3,4,5,6,7,8", help="comma-separated section numbers to run"
     )
     group.add_argument(
         "--min-run-time",
@@ -97,7 +107,10 @@ def parse_sections(text: str, parser: argparse.ArgumentParser) -> set[int]:
     except ValueError:
         chosen = set()
     if not chosen or not chosen <= set(SECTIONS):
-        parser.error(f"--sections must be numbers from 1 to 7 separated by commas, got {text!r}")
+        parser.error(
+            f"--sections must be numbers from 1 to {len(SECTIONS)} separated by commas, "
+            f"got {text!r}"
+        )
     return chosen
 
 
@@ -119,17 +132,19 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     data_dir = Path(config.data_dir) if config.data_dir is not None else None
+    task = task_for(config)
     if data_dir is not None:
         try:  # a --data-dir given on purpose must be readable: say so now, not in section 1
-            build_datasets(config)
+            task.datasets(config)
         except ValueError as error:
             parser.error(str(error))
 
     utils.seed_everything(config.seed)
     torch.backends.cudnn.benchmark = config.cudnn_benchmark
-    # Sections 2-7 time the model, not the disk: they use the synthetic in-memory data.
+    # Sections 2-8 time the model, not the disk: they use the built-in data (synthetic
+    # images, or the default corpus of a language model).
     synthetic = dataclasses.replace(config, data_dir=None)
-    train_set, _, info = build_datasets(synthetic)
+    train_set, _, info = task.datasets(synthetic)
     loader = DataLoader(train_set, batch_size=config.batch_size, shuffle=False)
     batch = next(iter(loader))
     base_model = build_model_for(config, info)
@@ -147,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         base_model=base_model,
         info=info,
         train_set=train_set,
+        task=task,
     )
     machine = describe_machine(device, args.quick)
     print(

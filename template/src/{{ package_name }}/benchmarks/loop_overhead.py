@@ -98,7 +98,8 @@ def section_loop_overhead(ctx: Context) -> dict[str, Any]:
                 for _ in range(config.grad_accum_steps):
                     inputs, targets = utils.to_device(next(batches), ctx.device)
                     with utils.autocast(ctx.device, config.precision):
-                        loss = F.cross_entropy(model(inputs), targets) / config.grad_accum_steps
+                        logits, labels = ctx.task.outputs(model, inputs, targets)
+                        loss = F.cross_entropy(logits, labels) / config.grad_accum_steps
                     scaler.scale(loss).backward()
                 if config.grad_clip is not None:
                     utils.clip_gradients(

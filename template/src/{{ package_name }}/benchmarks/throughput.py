@@ -1,5 +1,8 @@
 """7. Throughput in samples/s, achieved FLOP/s and model FLOPs utilization (MFU).
 
+A language model counts tokens (every target position of a batch) instead of samples, and
+its FLOPs per token come from the model's own count (parameters and attention).
+
 MFU is divided by two peaks for the run's matmul precision (see `mfu.py`): the one measured
 on this device (every device has one), and the datasheet's where the GPU is in the table.
 """
@@ -9,28 +12,31 @@ from __future__ import annotations
 from typing import Any
 
 from .. import mfu, utils
-from .timing import Context, device_batch, fmt_timing, fresh_model, make_step, measure
+from .timing import Context, Skip, device_batch, fmt_timing, fresh_model, make_step, measure
 
 
 def section_throughput(ctx: Context) -> dict[str, Any]:
     config = ctx.config
+    per_batch = ctx.batch[1].numel()  # samples, or tokens: one per target
+    unit = "samples" if ctx.task.name == "image" else "tokens"
     loop = ctx.results.get(6, {})
     if loop.get("status") == "measured":
         step, source = loop["loop"], "training loop (section 6)"
-        samples = config.batch_size * config.grad_accum_steps
+        samples = per_batch * config.grad_accum_steps
     else:
         inputs, targets = device_batch(ctx)
         bare = make_step(fresh_model(ctx), ctx)
         step, source = measure(lambda: bare(inputs, targets), ctx), "bare step on one batch"
-        samples = config.batch_size
+        samples = per_batch
     median = step["median_s"]
     rate = samples / median
     # The IQR of a rate, from the step-time quartiles (rate falls as time rises).
     low = samples / (median + step["iqr_s"] / 2)
     high = samples / max(median - step["iqr_s"] / 2, 1e-12)
-    inputs, _ = ctx.batch
-    flops = mfu.training_flops(ctx.base_model, tuple(inputs.shape), ctx.info.num_classes)
-    flops *= samples // config.batch_size
+    counter = ctx.task.utilization(ctx.base_model, config, ctx.info, ctx.device, True)
+    if counter.flops_per_sample is None:
+        raise Skip(counter.reason)
+    flops = counter.flops_per_sample * samples
     achieved = flops / median / 1e12
     precision = mfu.matmul_precision(ctx.device, config.precision)
     calibration = mfu.measured_peak(ctx.device, config.precision)
@@ -52,7 +58,7 @@ def section_throughput(ctx: Context) -> dict[str, Any]:
         else f"n/a ({device_name})"
     )
     rows = [
-        ["samples/s", f"{rate:.1f} (IQR {low:.1f}-{high:.1f})"],
+        [f"{unit}/s", f"{rate:.1f} (IQR {low:.1f}-{high:.1f})"],
         ["step time", fmt_timing(step)],
         ["FLOPs per step (fwd+bwd)", f"{flops / 1e9:.3f} GFLOP"],
         ["achieved", f"{achieved:.4f} TFLOP/s"],
@@ -64,6 +70,7 @@ def section_throughput(ctx: Context) -> dict[str, Any]:
         "samples_per_step": samples,
         "samples_per_s": rate,
         "samples_per_s_iqr": [low, high],
+        "unit": unit,
         "step": step,
         "flops_per_step": flops,
         "achieved_tflops": achieved,

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 from .. import utils
 from ..config import Config
 from ..data import DataInfo
+from ..task import Task
 
 MIN_RUNS = 5  # timed rounds per measurement, at least (3 with --quick)
 
@@ -50,6 +51,7 @@ class Context:
     base_model: nn.Module  # initial weights every section copies, so all start equal
     info: DataInfo  # the synthetic data's shapes, for building fresh models
     train_set: Dataset[Any]
+    task: Task = dataclasses.field(default_factory=Task)  # how a batch becomes logits, targets
     results: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
@@ -239,7 +241,7 @@ def make_step(
     def step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         with utils.anomaly_detection(anomaly):
             with utils.autocast(ctx.device, ctx.config.precision):
-                loss = F.cross_entropy(model(inputs), targets)
+                loss = F.cross_entropy(*ctx.task.outputs(model, inputs, targets))
             scaler.scale(loss).backward()
         if clip is not None:
             utils.clip_gradients(model.parameters(), clip, scaler=scaler, optimizer=optimizer)

@@ -34,6 +34,8 @@ def write_image_folder(root: Path, *, classes: int, total: int, size: int) -> No
 
 def section_workers(ctx: Context) -> dict[str, Any]:
     config = ctx.config
+    if ctx.task.name != "image":
+        raise Skip(f"the {ctx.task.name} task reads a memory-mapped token file: no workers")
     notes: list[str] = []
     with contextlib.ExitStack() as stack:
         if ctx.data_dir is not None:
