@@ -14,6 +14,7 @@ user's model.py (`build_model_for`).
 
 from __future__ import annotations
 
+import importlib
 import math
 from typing import Any
 
@@ -56,14 +57,17 @@ class Task:
 
 
 def task_for(config: Config) -> Task:
-    """The task this project trains (the `task` answer of the template)."""
-{%- if task == 'lm' %}
-    from .text import LanguageModelTask
-
-    return LanguageModelTask()
-{%- else %}
-    return Task()
-{%- endif %}
+    """The task this project trains: the language model where the project has `text.py`
+    (the template's `task: lm` renders it), the image classifier otherwise."""
+    name = f"{__package__}.text"
+    try:
+        text = importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name != name:  # text.py exists but an import inside it failed
+            raise
+        return Task()
+    task: Task = text.LanguageModelTask()
+    return task
 
 
 def build_model_for(config: Config, info: DataInfo) -> nn.Module:
