@@ -33,6 +33,7 @@ class Task:
     """The image classifier: `(image, label)` batches, one class per image."""
 
     name = "image"
+    unit = "samples"  # what the shared `samples_per_s` counts
 
     def datasets(self, config: Config) -> tuple[Dataset[Any], Dataset[Any], DataInfo]:
         """(train, validation, info), from data.py."""

@@ -410,7 +410,7 @@ def train(
                 f"epoch {epoch + 1}/{config.epochs}  train loss {result['train_loss']:.4f} "
                 f"acc {result['train_acc']:.3f} | val loss {val['val_loss']:.4f} "
                 f"acc {val['val_acc']:.3f} | lr {result['lr']:.2e} | "
-                f"{result['samples_per_s']:.0f} samples/s, data wait "
+                f"{result['samples_per_s']:.0f} {task.unit}/s, data wait "
                 f"{100 * result['data_wait']:.0f}%"
             )
             save(epoch + 1, 0, {}, improved=improved, val_loss=val["val_loss"])

@@ -18,7 +18,7 @@ from .timing import Context, Skip, device_batch, fmt_timing, fresh_model, make_s
 def section_throughput(ctx: Context) -> dict[str, Any]:
     config = ctx.config
     per_batch = ctx.batch[1].numel()  # samples, or tokens: one per target
-    unit = "samples" if ctx.task.name == "image" else "tokens"
+    unit = ctx.task.unit
     loop = ctx.results.get(6, {})
     if loop.get("status") == "measured":
         step, source = loop["loop"], "training loop (section 6)"
