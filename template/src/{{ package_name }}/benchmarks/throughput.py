@@ -22,7 +22,7 @@ def section_throughput(ctx: Context) -> dict[str, Any]:
     loop = ctx.results.get(6, {})
     if loop.get("status") == "measured":
         step, source = loop["loop"], "training loop (section 6)"
-        samples = per_batch * config.grad_accum_steps
+        samples = per_batch * config.optim.grad_accum_steps
     else:
         inputs, targets = device_batch(ctx)
         bare = make_step(fresh_model(ctx), ctx)
@@ -38,10 +38,10 @@ def section_throughput(ctx: Context) -> dict[str, Any]:
         raise Skip(counter.reason)
     flops = counter.flops_per_sample * samples
     achieved = flops / median / 1e12
-    precision = mfu.matmul_precision(ctx.device, config.precision)
-    calibration = mfu.measured_peak(ctx.device, config.precision)
+    precision = mfu.matmul_precision(ctx.device, config.speed.precision)
+    calibration = mfu.measured_peak(ctx.device, config.speed.precision)
     measured = calibration.get("tflops")
-    datasheet, device_name = mfu.datasheet_peak(ctx.device, config.precision)
+    datasheet, device_name = mfu.datasheet_peak(ctx.device, config.speed.precision)
     mfu_measured = mfu.utilization(achieved, measured)
     mfu_datasheet = mfu.utilization(achieved, datasheet)
     if measured:
@@ -85,7 +85,7 @@ def section_throughput(ctx: Context) -> dict[str, Any]:
         "mfu": mfu_datasheet if mfu_datasheet is not None else "unknown",
         "table": {"columns": ["", "value"], "rows": rows},
         "notes": [
-            f"step time from the {source}; precision {config.precision}; FLOPs counted "
+            f"step time from the {source}; precision {config.speed.precision}; FLOPs counted "
             "once by torch.utils.flop_counter.FlopCounterMode on a meta-device copy; the "
             f"measured peak is cached in {utils.cache_dir()}"
         ],
