@@ -462,5 +462,6 @@ def test_a_v010_tensorboard_answer_becomes_the_tracker_answer(tmp_path):
     recorded = yaml.safe_load((project / ".copier-answers.yml").read_text())
     assert recorded["tracker"] == "tensorboard" and "tensorboard" not in recorded
     config = (project / "src" / "tb_project" / "config.py").read_text()
-    assert 'tracker: str = field(\n        default="tensorboard"' in config
+    tracker = 'tracker: Literal["none", "tensorboard", "mlflow", "wandb"] = field(\n'
+    assert tracker + '        default="tensorboard"' in config
     assert conflict_markers(project) == []
