@@ -56,7 +56,7 @@ def test_scale_shift_starts_as_identity():
 
 
 def test_user_changed_the_default_epochs():
-    assert Config().epochs == 7
+    assert Config().optim.epochs == 7
 '''
 
 TEMPLATE_ADDITION = '''
