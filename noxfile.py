@@ -69,6 +69,7 @@ ENV_PACKAGES = [
     "numpy>=1.24",
     "tqdm>=4.60",
     "pillow>=9",
+    "tyro>=1.0,<2",
     # The trackers (--tracker) and sweeps: extras of the generated projects, installed here
     # once so each render's suite reads every tracker back through its real library.
     "tensorboard>=2.14",

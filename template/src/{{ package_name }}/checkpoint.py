@@ -200,7 +200,9 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
 
 def check_compatible(state: dict[str, Any], config: dict[str, Any], path: Path) -> None:
     """Refuse a checkpoint whose model-shaping settings differ from this run's."""
-    saved = state["config"]
+    # Flat names on both sides: this template records `Config.flat()`; a nested record
+    # (`to_dict()`, written by hand or by a fork) compares the same way.
+    saved, config = flat_record(state["config"]), flat_record(config)
     for name in MODEL_FIELDS:
         if saved.get(name) != config.get(name):
             flag = "--" + name.replace("_", "-")
@@ -208,6 +210,21 @@ def check_compatible(state: dict[str, Any], config: dict[str, Any], path: Path) 
                 f"checkpoint {path} was saved with {flag} {saved.get(name)} but this run has "
                 f"{flag} {config.get(name)}; use the same setting or a new --run-dir"
             )
+
+
+def flat_record(values: dict[str, Any]) -> dict[str, Any]:
+    """A config record with its group tables merged: {"model": {"width": 8}} -> {"width": 8}.
+
+    A group named like a leaf (`model`, the table, holds `model`, the architecture) is told
+    apart by its type: a table is a dict, a setting never is.
+    """
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(flat_record(value))
+        else:
+            flat[key] = value
+    return flat
 
 
 def load_state_into(target: Any, state: dict[str, Any], what: str, path: Path) -> None:

@@ -194,27 +194,31 @@ def split(dataset: Dataset[Any], val_fraction: float, source: Path) -> tuple[Sub
 
 def build_datasets(config: Config) -> tuple[Dataset, Dataset, DataInfo]:
     """Return (train, validation, info) for `config`: synthetic data unless --data-dir is set."""
-    if config.data_dir is None:
+    if config.data.data_dir is None:
         shape: dict[str, Any] = dict(
-            num_classes=config.num_classes,
-            image_size=config.image_size,
-            noise=config.synthetic_noise,
+            num_classes=config.data.num_classes,
+            image_size=config.data.image_size,
+            noise=config.data.synthetic_noise,
         )
-        train: Dataset[Any] = make_synthetic(config.train_samples, seed=1, **shape)
-        val: Dataset[Any] = make_synthetic(config.val_samples, seed=2, **shape)
-        return train, val, DataInfo(3, config.image_size, config.num_classes, in_memory=True)
+        train: Dataset[Any] = make_synthetic(config.data.train_samples, seed=1, **shape)
+        val: Dataset[Any] = make_synthetic(config.data.val_samples, seed=2, **shape)
+        return (
+            train,
+            val,
+            DataInfo(3, config.data.image_size, config.data.num_classes, in_memory=True),
+        )
 
-    root = Path(config.data_dir)
+    root = Path(config.data.data_dir)
     if not root.is_dir():
         raise DataError(f"--data-dir {root} does not exist or is not a folder")
     tensor_file = root / "data.pt"
     if tensor_file.is_file():
-        dataset, num_classes = load_tensor_file(tensor_file, config.num_classes)
+        dataset, num_classes = load_tensor_file(tensor_file, config.data.num_classes)
         inputs = dataset.tensors[0]
-        train, val = split(dataset, config.val_fraction, tensor_file)
+        train, val = split(dataset, config.data.val_fraction, tensor_file)
         return train, val, DataInfo(inputs.shape[1], inputs.shape[2], num_classes, in_memory=True)
 
-    folder = ImageFolder(root, config.image_size)
+    folder = ImageFolder(root, config.data.image_size)
     if not folder.classes:
         raise DataError(
             f"--data-dir {root} has no class sub-folders and no data.pt; expected "
@@ -232,8 +236,8 @@ def build_datasets(config: Config) -> tuple[Dataset, Dataset, DataInfo]:
     empty = [name for label, name in enumerate(folder.classes) if label not in used]
     if empty:
         raise DataError(f"--data-dir {root}: class folder {root / empty[0]} holds no images")
-    train, val = split(folder, config.val_fraction, root)
-    return train, val, DataInfo(3, config.image_size, len(folder.classes), in_memory=False)
+    train, val = split(folder, config.data.val_fraction, root)
+    return train, val, DataInfo(3, config.data.image_size, len(folder.classes), in_memory=False)
 
 
 # --------------------------------------------------------------------------------------------

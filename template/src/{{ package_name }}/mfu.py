@@ -278,9 +278,9 @@ class Utilization:
             model,
             shape,
             info.num_classes,
-            config.batch_size,
+            config.optim.batch_size,
             device,
-            config.precision,
+            config.speed.precision,
             enabled=enabled,
         )
 

@@ -82,10 +82,10 @@ def build_model_for(config: Config, info: DataInfo) -> nn.Module:
     `build_model` is wired in once.
     """
     return build_model(
-        config.model,
+        config.model.model,
         in_channels=info.in_channels,
         image_size=info.image_size,
         num_classes=info.num_classes,
-        width=config.width,
-        dropout=config.dropout,
+        width=config.model.width,
+        dropout=config.model.dropout,
     )

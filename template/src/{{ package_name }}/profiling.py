@@ -22,7 +22,6 @@ the profiled run go to `<out>/run`, never to your `--run-dir`.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import shutil
 import sys
@@ -70,14 +69,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def profiled_config(config: Config, total_steps: int, out: Path) -> Config:
     """The user's config, cut to `total_steps` optimizer steps, writing into `out/run`."""
     train_set, _, _ = build_datasets(config)
-    steps_per_epoch = len(train_set) // (config.batch_size * config.grad_accum_steps)  # type: ignore[arg-type]
+    steps_per_epoch = len(train_set) // (config.optim.batch_size * config.optim.grad_accum_steps)  # type: ignore[arg-type]
     if steps_per_epoch < 1:
         raise ValueError(
             f"the training set ({len(train_set)} samples) is smaller than one optimizer step "  # type: ignore[arg-type]
-            f"of --batch-size {config.batch_size} x --grad-accum-steps {config.grad_accum_steps}"
+            f"of --batch-size {config.optim.batch_size} x --grad-accum-steps "
+            f"{config.optim.grad_accum_steps}"
         )
-    return dataclasses.replace(
-        config,
+    return config.replace(
         epochs=math.ceil(total_steps / steps_per_epoch),
         max_steps_per_epoch=min(total_steps, steps_per_epoch),
         run_dir=str(out / "run"),
@@ -117,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     try:
-        device = utils.resolve_device(config.device)
+        device = utils.resolve_device(config.run.device)
     except ValueError as error:
         parser.error(str(error))
     out: Path = args.out
@@ -159,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         ) as prof:
             try:
                 # A scratch run: a previous profile's checkpoints are not a run to protect.
-                shutil.rmtree(Path(run_config.run_dir) / "checkpoints", ignore_errors=True)
+                shutil.rmtree(Path(run_config.run.run_dir) / "checkpoints", ignore_errors=True)
                 train(run_config, on_step=lambda _step: prof.step())
             except ValueError as error:  # ConfigError, DataError: bad input, one line
                 parser.exit(2, f"{parser.prog}: error: {error}\n")

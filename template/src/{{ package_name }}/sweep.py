@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 import time
@@ -46,6 +45,7 @@ except ModuleNotFoundError:  # Python 3.10: the backport the project depends on 
 
 from .checkpoint import CheckpointError, Interrupted
 from .config import Config, ConfigError
+from .config_parsing import leaf_fields, load_toml, to_toml
 from .data import DataError
 from .train import train
 
@@ -91,14 +91,14 @@ def load_spec(path: Path, overrides: dict[str, Any]) -> Spec:
         raise ValueError(f"trials must be >= 1, got {spec.trials}")
     if not spec.space:
         raise ValueError(f"search space {path} has no [space] entries")
-    fields = {f.name for f in dataclasses.fields(Config)}
+    fields = leaf_fields(Config)  # flat names: `lr`, not `optim.lr`
     for key in [*spec.fixed, *spec.space]:
         if key.replace("-", "_") not in fields:
             raise ValueError(f"search space {path}: {key!r} is not a Config field")
     for key, domain in spec.space.items():
         _check_domain(key, domain)
     base = {k.replace("-", "_"): v for k, v in spec.fixed.items()}
-    Config(**base).validate()  # fixed values that can never work fail now, not in every trial
+    Config.from_flat(base).validate()  # fixed values that can never work fail now
     return spec
 
 
@@ -192,8 +192,8 @@ def run_sweep(spec: Spec) -> Any:
         run_dir = trial.user_attrs.get("run_dir") or str(out / f"trial-{trial.number:04d}")
         trial.set_user_attr("run_dir", run_dir)
         saved = (Path(run_dir) / "checkpoints" / "last.pt").is_file()
-        config = Config(
-            **{**fixed, **params, "run_dir": run_dir, "resume": "auto" if saved else None}
+        config = Config.from_flat(
+            {**fixed, **params, "run_dir": run_dir, "resume": "auto" if saved else None}
         )
         config.validate()
 
@@ -259,18 +259,9 @@ def write_best(spec: Spec, trial: Any, path: Path) -> None:
         f"# Best trial {trial.number} of study {spec.study!r}: {spec.metric} = {trial.value}",
         f"# python -m {__package__}.train --config {path} --run-dir runs/best",
     ]
-    lines += [f"{k} = {_toml(v)}" for k, v in values.items() if v is not None]
-    path.write_text("\n".join(lines) + "\n")
-    with path.open("rb") as file:  # what train --config will do: fail here, not later
-        Config(**tomllib.load(file)).validate()
-
-
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return json.dumps(str(value))  # a JSON string is a TOML basic string
+    path.write_text("\n".join(lines) + "\n" + to_toml(values))
+    # What train --config will do: fail here, not later.
+    Config.from_flat(load_toml(path), f"{path}: ").validate()
 
 
 def plot(study: Any, path: Path) -> str:

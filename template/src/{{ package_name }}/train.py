@@ -78,47 +78,49 @@ def train(
         # The same seed on every rank: all ranks build the same initial model, and rank 0's
         # RNG state (the one saved in checkpoints) is every rank's. Data order still differs
         # per rank, through the sampler.
-        generator = utils.seed_everything(config.seed, config.deterministic)
+        generator = utils.seed_everything(config.run.seed, config.run.deterministic)
         try:
-            ctx = distributed.setup(config.device)
+            ctx = distributed.setup(config.run.device)
         except ValueError as error:
             raise ConfigError(str(error)) from None
         cleanup.callback(distributed.cleanup)
         device = ctx.device
-        _check_precision(config.precision, device)
+        _check_precision(config.speed.precision, device)
         # cuDNN times candidate kernels once per input shape and keeps the fastest: a win for
         # fixed shapes, but the choice is not repeatable, so never in deterministic mode.
-        torch.backends.cudnn.benchmark = config.cudnn_benchmark and not config.deterministic
-        utils.set_tf32(config.tf32)  # only CUDA kernels on Ampere or newer read it
-        run_dir = Path(config.run_dir)
+        torch.backends.cudnn.benchmark = (
+            config.speed.cudnn_benchmark and not config.run.deterministic
+        )
+        utils.set_tf32(config.speed.tf32)  # only CUDA kernels on Ampere or newer read it
+        run_dir = Path(config.run.run_dir)
         last_path = run_dir / "checkpoints" / "last.pt"
         best_path = run_dir / "checkpoints" / "best.pt"
         log = rundir.log if ctx.is_main else _silent
         # Before any work: lock the run dir, prove it is writable, refuse to overwrite a run.
-        lock = rundir.claim_on_rank_zero(run_dir, config.resume, ctx.is_main, device)
+        lock = rundir.claim_on_rank_zero(run_dir, config.run.resume, ctx.is_main, device)
         if lock is not None:
             cleanup.callback(lock.close)
 
         # ---- data ---------------------------------------------------------------------------
         train_set, val_set, info = build_datasets(config)
         workers = utils.resolve_num_workers(
-            config.num_workers, ctx.local_world_size, in_memory=info.in_memory
+            config.data.num_workers, ctx.local_world_size, in_memory=info.in_memory
         )
-        if config.num_workers == "auto" and not info.in_memory:  # measured once, then cached
+        if config.data.num_workers == "auto" and not info.in_memory:  # measured once, then cached
             workers, rates, cached = utils.auto_num_workers(
                 train_set,
-                batch_size=config.batch_size,
-                dataset_id=str(config.data_dir),
+                batch_size=config.optim.batch_size,
+                dataset_id=str(config.data.data_dir),
                 world_size=ctx.local_world_size,
                 device=device,
             )
             log(f"--num-workers auto: {workers} ({'cached' if cached else 'measured'}: {rates})")
         sampler = ResumableSampler(
-            train_set, num_replicas=ctx.world_size, rank=ctx.rank, seed=config.seed
+            train_set, num_replicas=ctx.world_size, rank=ctx.rank, seed=config.run.seed
         )
         train_loader = utils.build_dataloader(
             train_set,
-            batch_size=config.batch_size,
+            batch_size=config.optim.batch_size,
             train=True,
             num_workers=workers,
             generator=generator,
@@ -129,29 +131,31 @@ def train(
         # the global RNG, and evaluation would shift the dropout masks of later epochs.
         val_loader = utils.build_dataloader(
             shard(val_set, ctx.rank, ctx.world_size),
-            batch_size=config.batch_size,
+            batch_size=config.optim.batch_size,
             train=False,
             num_workers=workers,
             device=device,
-            generator=torch.Generator().manual_seed(config.seed),
+            generator=torch.Generator().manual_seed(config.run.seed),
         )
-        accum = config.grad_accum_steps
-        samples_per_step = accum * config.batch_size  # per rank
+        accum = config.optim.grad_accum_steps
+        samples_per_step = accum * config.optim.batch_size  # per rank
         steps_per_epoch = len(train_loader) // accum
-        if config.max_steps_per_epoch is not None:
-            steps_per_epoch = min(steps_per_epoch, config.max_steps_per_epoch)
+        if config.optim.max_steps_per_epoch is not None:
+            steps_per_epoch = min(steps_per_epoch, config.optim.max_steps_per_epoch)
         if steps_per_epoch < 1:
             raise ConfigError(
                 f"{len(sampler)} training samples per rank are fewer than one step of "
-                f"--batch-size {config.batch_size} x --grad-accum-steps {accum}; lower them"
+                f"--batch-size {config.optim.batch_size} x --grad-accum-steps {accum}; lower them"
             )
 
         # ---- model --------------------------------------------------------------------------
         raw_model = build_model_for(config, info).to(device)
         # Compile after .to(device); "auto" compiles only on CUDA, where it pays off quickly.
-        compile_on = config.compile == "on" or (config.compile == "auto" and device.type == "cuda")
+        compile_on = config.speed.compile == "on" or (
+            config.speed.compile == "auto" and device.type == "cuda"
+        )
         compiled = utils.maybe_compile(
-            raw_model, compile_on, config.compile_mode, config.compile_backend
+            raw_model, compile_on, config.speed.compile_mode, config.speed.compile_backend
         )
         model: nn.Module = compiled
         if ctx.enabled:
@@ -163,26 +167,26 @@ def train(
         # fused AdamW updates every parameter in a few kernels instead of several per tensor.
         optimizer = torch.optim.AdamW(
             raw_model.parameters(),
-            lr=config.lr,
-            weight_decay=config.weight_decay,
+            lr=config.optim.lr,
+            weight_decay=config.optim.weight_decay,
             fused=device.type == "cuda",
         )
-        total_steps = config.epochs * steps_per_epoch
+        total_steps = config.optim.epochs * steps_per_epoch
         scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, partial(lr_factor, warmup=config.warmup_steps, total=total_steps)
+            optimizer, partial(lr_factor, warmup=config.optim.warmup_steps, total=total_steps)
         )
-        scaler = utils.make_grad_scaler(device, config.precision)  # enabled for fp16 only
+        scaler = utils.make_grad_scaler(device, config.speed.precision)  # enabled for fp16 only
 
         # ---- resume -------------------------------------------------------------------------
         start_epoch, skip_samples, global_step, best_acc = 0, 0, 0, -1.0
         epoch_totals: dict[str, float] = {}
         result: dict[str, Any] = {}
-        resume_path = checkpoint.resolve_resume(config.resume, run_dir)
-        if config.resume == "auto" and resume_path is None:
+        resume_path = checkpoint.resolve_resume(config.run.resume, run_dir)
+        if config.run.resume == "auto" and resume_path is None:
             log(f"--resume auto: no checkpoint in {last_path.parent}, starting fresh")
         if resume_path is not None:
             state = checkpoint.load_checkpoint(resume_path, map_location=device)
-            checkpoint.check_compatible(state, config.to_dict(), resume_path)
+            checkpoint.check_compatible(state, config.flat(), resume_path)
             for target, key in (
                 (raw_model, "model"),
                 (optimizer, "optimizer"),
@@ -192,10 +196,10 @@ def train(
                 checkpoint.load_state_into(target, state[key], key, resume_path)
             # The checkpoint says where in the schedule we are; this run's flags say what the
             # schedule is (as in nanoGPT): a resumed run honours a changed --lr or --epochs.
-            scheduler.base_lrs = [config.lr for _ in optimizer.param_groups]
+            scheduler.base_lrs = [config.optim.lr for _ in optimizer.param_groups]
             for group in optimizer.param_groups:
-                group["lr"] = config.lr * scheduler.lr_lambdas[0](scheduler.last_epoch)
-                group["weight_decay"] = config.weight_decay
+                group["lr"] = config.optim.lr * scheduler.lr_lambdas[0](scheduler.last_epoch)
+                group["weight_decay"] = config.optim.weight_decay
             checkpoint.restore_rng_state(state["rng"], device)
             start_epoch, skip_samples = state["epoch"], state["samples_in_epoch"]
             global_step, best_acc = state["step"], state.get("best_val_acc", -1.0)
@@ -220,7 +224,7 @@ def train(
                 "best_val_acc": best_acc,
                 "epoch_totals": totals,
                 "metrics": result,
-                "config": config.to_dict(),
+                "config": config.flat(),
                 "run": run,
             }
 
@@ -256,13 +260,13 @@ def train(
         utilization = mfu.Utilization.for_run(raw_model, config, info, device, ctx.is_main)
         if utilization.reason:
             log(f"no MFU in metrics.jsonl: {utilization.reason}")
-        run = run_record(config.to_dict(), device, ctx.world_size)
+        run = run_record(config.flat(), device, ctx.world_size)
         writer = MetricsWriter(
             run_dir,
             enabled=ctx.is_main,
-            tracker=config.tracker,
-            experiment=config.experiment,
-            tracker_uri=config.tracker_uri,
+            tracker=config.log.tracker,
+            experiment=config.log.experiment,
+            tracker_uri=config.log.tracker_uri,
             resuming=resume_path is not None,
         )
         cleanup.callback(writer.close)
@@ -272,12 +276,12 @@ def train(
         samples = len(train_set)  # type: ignore[arg-type]  # a Dataset need not be Sized
         log(
             f"training on {device} x{ctx.world_size} | {samples} samples, "
-            f"{steps_per_epoch} steps/epoch | workers {workers} | {config.precision} | "
+            f"{steps_per_epoch} steps/epoch | workers {workers} | {config.speed.precision} | "
             f"compile {'on' if compile_on else 'off'}"
         )
 
         # ---- the loop -----------------------------------------------------------------------
-        for epoch in range(start_epoch, config.epochs):
+        for epoch in range(start_epoch, config.optim.epochs):
             sampler.set_epoch(epoch)  # a new order every epoch, the same on resume
             first_step = skip_samples // samples_per_step if epoch == start_epoch else 0
             # Skip the steps a resumed epoch already did without loading their batches.
@@ -291,9 +295,9 @@ def train(
                 total=steps_per_epoch,
                 initial=first_step,
                 leave=False,
-                desc=f"epoch {epoch + 1}/{config.epochs}",
+                desc=f"epoch {epoch + 1}/{config.optim.epochs}",
                 dynamic_ncols=True,
-                disable=not (ctx.is_main and config.progress),
+                disable=not (ctx.is_main and config.log.progress),
             )
             model.train()
             meter.reset()
@@ -311,9 +315,12 @@ def train(
                     no_sync = ctx.enabled and micro < accum - 1
                     with (
                         model.no_sync() if no_sync else contextlib.nullcontext(),  # type: ignore[operator]
-                        utils.anomaly_detection(config.detect_anomaly),
+                        utils.anomaly_detection(config.log.detect_anomaly),
                     ):
-                        with record_function("forward"), utils.autocast(device, config.precision):
+                        with (
+                            record_function("forward"),
+                            utils.autocast(device, config.speed.precision),
+                        ):
                             logits = model(inputs)
                             loss = cross_entropy(logits, targets)
                         with record_function("backward"):
@@ -325,7 +332,7 @@ def train(
                 with record_function("optimizer"):
                     grad_norm = utils.clip_gradients(
                         raw_model.parameters(),
-                        config.grad_clip,
+                        config.optim.grad_clip,
                         scaler=scaler,
                         optimizer=optimizer,
                     )
@@ -366,7 +373,7 @@ def train(
                 # under DDP the ranks stop where the all-reduced flag told all of them to.
                 stop_now = stop_now or (stop.signum is not None and not ctx.enabled)
 
-                if global_step % config.log_every == 0 or stop_now:
+                if global_step % config.log.log_every == 0 or stop_now:
                     totals = meter.read()  # all-reduce + the interval's one extra sync
                     add_totals(epoch_totals, totals)
                     record = {
@@ -398,7 +405,7 @@ def train(
             # The uncompiled model: the compiled graph was traced in training mode, and
             # inference mode plus the last, smaller validation batch would cost two more
             # compilations (per rank, different ones with uneven shards).
-            val = evaluate(raw_model, val_loader, device, config.precision)
+            val = evaluate(raw_model, val_loader, device, config.speed.precision)
             train_metrics = summarize(epoch_totals)
             result = {
                 "kind": "epoch",
@@ -419,7 +426,7 @@ def train(
             best_acc = max(best_acc, val["val_acc"])
             result["best_val_acc"] = best_acc
             log(
-                f"epoch {epoch + 1}/{config.epochs}  train loss {result['train_loss']:.4f} "
+                f"epoch {epoch + 1}/{config.optim.epochs}  train loss {result['train_loss']:.4f} "
                 f"acc {result['train_acc']:.3f} | val loss {val['val_loss']:.4f} "
                 f"acc {val['val_acc']:.3f} | lr {result['lr']:.2e} | "
                 f"{result['samples_per_s']:.0f} samples/s, data wait "
@@ -530,7 +537,7 @@ def _blow_up_error(
 
     def rerun() -> None:
         for inputs, targets in micro_batches:
-            with utils.autocast(device, config.precision):
+            with utils.autocast(device, config.speed.precision):
                 rerun_loss = cross_entropy(model(inputs), targets)
             rerun_loss.backward()
 

@@ -35,6 +35,7 @@ import torch
 from . import utils
 from .benchmarks.timing import compare_rounds
 from .config import Config, ConfigError, build_parser, parse_config
+from .config_parsing import to_toml
 from .data import build_datasets
 
 
@@ -47,7 +48,7 @@ def time_steps(config: Config, steps: int, warmup: int) -> list[float]:
     from .train import train
 
     stamps: list[float] = []
-    device = utils.resolve_device(config.device)
+    device = utils.resolve_device(config.run.device)
 
     def on_step(step: int) -> None:
         utils.synchronize(device)
@@ -56,8 +57,7 @@ def time_steps(config: Config, steps: int, warmup: int) -> list[float]:
             raise _TrialDone
 
     with tempfile.TemporaryDirectory(prefix="tune-") as run_dir:
-        trial = dataclasses.replace(
-            config,
+        trial = config.replace(
             epochs=warmup + steps,  # enough also when an epoch is shorter than the trial
             max_steps_per_epoch=warmup + steps,
             run_dir=run_dir,
@@ -90,7 +90,7 @@ def run_rounds(
         for trial in order:
             if trial.note.startswith("failed"):
                 continue
-            config = dataclasses.replace(base, **trial.overrides)
+            config = base.replace(**trial.overrides)
             try:
                 times = time_steps(config, steps, warmup)
             except (ConfigError, RuntimeError, ValueError) as error:  # e.g. an OOM, no compiler
@@ -99,7 +99,7 @@ def run_rounds(
                 continue
             medians[trial.label].append(statistics.median(times))
         order.reverse()
-    samples = base.batch_size * base.grad_accum_steps
+    samples = base.optim.batch_size * base.optim.grad_accum_steps
     for trial in trials:
         if medians[trial.label] and not trial.note.startswith("failed"):
             trial.samples_per_s = samples / statistics.median(medians[trial.label])
@@ -143,7 +143,7 @@ def choose(
         if any(t.note and not t.note.startswith("failed") for t in others):
             why += " (none faster beyond noise)"
     report.append(f"{name}: {why}")
-    return dataclasses.replace(base, **best.overrides), candidates
+    return base.replace(**best.overrides), candidates
 
 
 def precision_candidates(config: Config, device: torch.device) -> list[Trial]:
@@ -152,12 +152,12 @@ def precision_candidates(config: Config, device: torch.device) -> list[Trial]:
         available += ["bf16", "fp16"] if torch.cuda.is_bf16_supported() else ["fp16"]
     elif device.type in ("cpu", "mps"):
         available.append("bf16")  # fp16 on a CPU is slow, and MPS has no GradScaler
-    ordered = [config.precision, *(p for p in available if p != config.precision)]
+    ordered = [config.speed.precision, *(p for p in available if p != config.speed.precision)]
     return [Trial(p, {"precision": p}) for p in ordered]
 
 
 def compile_candidates(config: Config, device: torch.device, quick: bool) -> list[Trial]:
-    on = config.compile == "on" or (config.compile == "auto" and device.type == "cuda")
+    on = config.speed.compile == "on" or (config.speed.compile == "auto" and device.type == "cuda")
     current = Trial(f"compile {'on' if on else 'off'}", {"compile": "on" if on else "off"})
     if quick and device.type == "cpu":
         current.note = "alternatives not tried with --quick (inductor compiles for tens of s)"
@@ -166,7 +166,7 @@ def compile_candidates(config: Config, device: torch.device, quick: bool) -> lis
     trials = [current, Trial(f"compile {other}", {"compile": other, "compile_mode": "default"})]
     if device.type == "cuda":
         modes = ["max-autotune-no-cudagraphs"]
-        if config.grad_accum_steps == 1:  # CUDA graphs and accumulation do not mix
+        if config.optim.grad_accum_steps == 1:  # CUDA graphs and accumulation do not mix
             modes.append("reduce-overhead")
         trials += [Trial(f"compile {m}", {"compile": "on", "compile_mode": m}) for m in modes]
     return trials
@@ -177,7 +177,7 @@ def worker_candidates(config: Config, in_memory: bool) -> list[Trial]:
         return [Trial("0 workers", {"num_workers": "0"})]
     cpus = utils.available_cpus()
     counts = sorted({0, *(n for n in (1, 2, 4, 8) if n <= cpus)})
-    current = utils.resolve_num_workers(config.num_workers, in_memory=False)
+    current = utils.resolve_num_workers(config.data.num_workers, in_memory=False)
     counts = [current, *(n for n in counts if n != current)]
     return [Trial(f"{n} workers", {"num_workers": str(n)}) for n in counts]
 
@@ -186,11 +186,11 @@ def largest_batch(config: Config, device: torch.device, steps: int) -> tuple[int
     """The largest power-of-two multiple of --batch-size whose training step fits in memory."""
     if device.type != "cuda":
         return None, "not searched: only on accelerators (a CPU has no memory wall to find)"
-    fits, size = config.batch_size, config.batch_size
+    fits, size = config.optim.batch_size, config.optim.batch_size
     for _ in range(6):  # up to 64x
         size *= 2
         try:
-            time_steps(dataclasses.replace(config, batch_size=size), 1, 1)
+            time_steps(config.replace(batch_size=size), 1, 1)
         except torch.OutOfMemoryError:
             break
         except (ConfigError, ValueError) as error:  # e.g. a dataset smaller than the batch
@@ -213,13 +213,8 @@ def write_toml(
             rate = f"{trial.samples_per_s:.1f} samples/s" if trial.samples_per_s else "-"
             lines.append(f"#   {name:<10} {trial.label:<32} {rate:<20} {trial.note}".rstrip())
     lines += [f"# {line}" for line in extra]
-    lines += [
-        f'precision = "{config.precision}"',
-        f'compile = "{config.compile}"',
-        f'compile_mode = "{config.compile_mode}"',
-        f'num_workers = "{config.num_workers}"',
-    ]
-    path.write_text("\n".join(lines) + "\n")
+    tuned = {k: config.flat()[k] for k in ("precision", "compile", "compile_mode", "num_workers")}
+    path.write_text("\n".join(lines) + "\n" + to_toml(tuned))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -253,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     if rounds < 2:
         parser.error(f"--rounds must be >= 2 (a spread needs two rounds), got {rounds}")
     try:
-        device = utils.resolve_device(config.device)
+        device = utils.resolve_device(config.run.device)
         _, _, info = build_datasets(config)
     except ValueError as error:
         parser.error(str(error))
@@ -261,9 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     report: list[str] = []
     sections: list[tuple[str, list[Trial]]] = []
     # Measure under the run's own worker count first: it does not change the step's compute.
-    start = dataclasses.replace(
-        config,
-        num_workers=str(utils.resolve_num_workers(config.num_workers, in_memory=info.in_memory)),
+    start = config.replace(
+        num_workers=str(
+            utils.resolve_num_workers(config.data.num_workers, in_memory=info.in_memory)
+        ),
     )
     tuned = start
     for name, candidates in (
@@ -280,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         Trial("default", {}),
         Trial(
             "tuned",
-            {k: getattr(tuned, k) for k in ("precision", "compile", "compile_mode", "num_workers")},
+            {k: tuned.flat()[k] for k in ("precision", "compile", "compile_mode", "num_workers")},
         ),
     ]
     medians = run_rounds(start, final, steps=steps, warmup=warmup, rounds=rounds)
@@ -296,12 +292,12 @@ def main(argv: list[str] | None = None) -> int:
             extra.append("tuned was slower than default in the final rounds: default written")
     batch, why = largest_batch(tuned, device, steps)
     extra.append(f"batch_size: {why}" + (f": {batch}" if batch else ""))
-    if batch and batch != config.batch_size:
+    if batch and batch != config.optim.batch_size:
         extra.append(f"batch_size = {batch}  # not applied: scale --lr with the batch")
     write_toml(args.out, tuned, sections, extra)
     print(
-        f"tune on {device} ({config.model}, batch {config.batch_size}): {steps} timed steps "
-        f"per trial, {rounds} interleaved rounds"
+        f"tune on {device} ({config.model.model}, batch {config.optim.batch_size}): "
+        f"{steps} timed steps per trial, {rounds} interleaved rounds"
     )
     for name, trials in sections:
         for trial in trials:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -113,24 +112,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.loop_steps is not None and args.loop_steps < 2:
         parser.error(f"--loop-steps must be >= 2, got {args.loop_steps}")
     try:
-        device = utils.resolve_device(config.device)
+        device = utils.resolve_device(config.run.device)
     except ValueError as error:
         parser.error(str(error))
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    data_dir = Path(config.data_dir) if config.data_dir is not None else None
+    data_dir = Path(config.data.data_dir) if config.data.data_dir is not None else None
     if data_dir is not None:
         try:  # a --data-dir given on purpose must be readable: say so now, not in section 1
             build_datasets(config)
         except ValueError as error:
             parser.error(str(error))
 
-    utils.seed_everything(config.seed)
-    torch.backends.cudnn.benchmark = config.cudnn_benchmark
+    utils.seed_everything(config.run.seed)
+    torch.backends.cudnn.benchmark = config.speed.cudnn_benchmark
     # Sections 2-7 time the model, not the disk: they use the synthetic in-memory data.
-    synthetic = dataclasses.replace(config, data_dir=None)
+    synthetic = config.replace(data_dir=None)
     train_set, _, info = build_datasets(synthetic)
-    loader = DataLoader(train_set, batch_size=config.batch_size, shuffle=False)
+    loader = DataLoader(train_set, batch_size=config.optim.batch_size, shuffle=False)
     batch = next(iter(loader))
     base_model = build_model_for(config, info)
     ctx = Context(
@@ -155,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{machine['date']}{' (--quick)' if args.quick else ''}"
     )
     print(
-        f"model {config.model} width {config.width}, batch {config.batch_size}, "
-        f"image {config.image_size}, precision {config.precision}; "
+        f"model {config.model.model} width {config.model.width}, batch {config.optim.batch_size}, "
+        f"image {config.data.image_size}, precision {config.speed.precision}; "
         "each time is median ± IQR"
     )
     note = busy_note(machine["load_average_at_start"], machine["cpus_available"])
@@ -172,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "schema_version": SCHEMA_VERSION,
         "machine": machine,
-        "config": config.to_dict(),
+        "config": config.flat(),
         "sections": sections,
     }
     path = out / "benchmark.json"

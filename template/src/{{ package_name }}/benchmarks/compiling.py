@@ -36,7 +36,7 @@ def section_compile(ctx: Context) -> dict[str, Any]:
             "shows compile overhead, not inductor's speed-up"
         )
     else:
-        backend, mode = config.compile_backend, config.compile_mode
+        backend, mode = config.speed.compile_backend, config.speed.compile_mode
     inputs, targets = device_batch(ctx)
 
     def first_call(step: Callable[..., Any]) -> float:

@@ -53,7 +53,7 @@ def deterministic_mode(unsupported: list[str]) -> Iterator[None]:
 
 def section_debug_switches(ctx: Context) -> dict[str, Any]:
     inputs, targets = device_batch(ctx)
-    clip = ctx.config.grad_clip if ctx.config.grad_clip is not None else 1.0
+    clip = ctx.config.optim.grad_clip if ctx.config.optim.grad_clip is not None else 1.0
     clip_name = f"clip_grad_norm (max_norm={clip:g})"
     steps = {
         "all off": make_step(fresh_model(ctx), ctx),

@@ -69,7 +69,7 @@ def section_evaluation(ctx: Context) -> dict[str, Any]:
 
     def forward_under(mode: Callable[[], Any]) -> Callable[[], Any]:
         def run() -> torch.Tensor:
-            with mode(), utils.autocast(ctx.device, ctx.config.precision):
+            with mode(), utils.autocast(ctx.device, ctx.config.speed.precision):
                 return model(inputs)
 
         return run
@@ -105,6 +105,6 @@ def section_evaluation(ctx: Context) -> dict[str, Any]:
         },
         "notes": [
             f"memory: {results['inference_mode']['source']}; one forward of a "
-            f"batch of {ctx.config.batch_size}"
+            f"batch of {ctx.config.optim.batch_size}"
         ],
     }

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import io
 import math
@@ -50,12 +49,11 @@ def section_loop_overhead(ctx: Context) -> dict[str, Any]:
     total_steps = ctx.loop_steps + warmup + 1
     config = ctx.config
     train_set = ctx.train_set
-    steps_per_epoch = len(train_set) // config.batch_size // config.grad_accum_steps  # type: ignore[arg-type]
+    steps_per_epoch = len(train_set) // config.optim.batch_size // config.optim.grad_accum_steps  # type: ignore[arg-type]
     if steps_per_epoch < 1:
         raise Skip("the training set is smaller than one optimizer step")
     run_dir = ctx.out / "loop-run"
-    loop_config = dataclasses.replace(
-        config,
+    loop_config = config.replace(
         compile="off",
         epochs=math.ceil(total_steps / steps_per_epoch),
         max_steps_per_epoch=min(total_steps, steps_per_epoch),
@@ -68,18 +66,20 @@ def section_loop_overhead(ctx: Context) -> dict[str, Any]:
     # The bare loop: same initial weights, same data and loader settings, same precision,
     # clipping and learning-rate schedule (a different schedule gives different weights, and
     # on a CPU the values can change the speed), no logging, metrics or checkpoints.
-    schedule_steps = loop_config.epochs * (loop_config.max_steps_per_epoch or steps_per_epoch)
-    workers = utils.resolve_num_workers(config.num_workers, in_memory=True)
+    schedule_steps = loop_config.optim.epochs * (
+        loop_config.optim.max_steps_per_epoch or steps_per_epoch
+    )
+    workers = utils.resolve_num_workers(config.data.num_workers, in_memory=True)
 
     def bare_loop() -> tuple[Callable[[int], list[Stamp]], Iterator[Any]]:
         """A fresh bare run: `run(n)` does its next n steps."""
-        utils.seed_everything(config.seed)
+        utils.seed_everything(config.run.seed)
         loader = utils.build_dataloader(
             train_set,
-            batch_size=config.batch_size,
+            batch_size=config.optim.batch_size,
             train=True,
             num_workers=workers,
-            generator=torch.Generator().manual_seed(config.seed),
+            generator=torch.Generator().manual_seed(config.run.seed),
             device=ctx.device,
         )
         model = build_model_for(config, ctx.info).to(ctx.device)
@@ -87,22 +87,27 @@ def section_loop_overhead(ctx: Context) -> dict[str, Any]:
         optimizer = make_optimizer(model, config, ctx.device)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer,
-            functools.partial(lr_factor, warmup=config.warmup_steps, total=schedule_steps),
+            functools.partial(lr_factor, warmup=config.optim.warmup_steps, total=schedule_steps),
         )
-        scaler = utils.make_grad_scaler(ctx.device, config.precision)
+        scaler = utils.make_grad_scaler(ctx.device, config.speed.precision)
         batches = endless(loader)
 
         def run(steps: int) -> list[Stamp]:
             stamps = [stamp()]  # the start: the first interval is the first step
             for _ in range(steps):
-                for _ in range(config.grad_accum_steps):
+                for _ in range(config.optim.grad_accum_steps):
                     inputs, targets = utils.to_device(next(batches), ctx.device)
-                    with utils.autocast(ctx.device, config.precision):
-                        loss = F.cross_entropy(model(inputs), targets) / config.grad_accum_steps
+                    with utils.autocast(ctx.device, config.speed.precision):
+                        loss = (
+                            F.cross_entropy(model(inputs), targets) / config.optim.grad_accum_steps
+                        )
                     scaler.scale(loss).backward()
-                if config.grad_clip is not None:
+                if config.optim.grad_clip is not None:
                     utils.clip_gradients(
-                        model.parameters(), config.grad_clip, scaler=scaler, optimizer=optimizer
+                        model.parameters(),
+                        config.optim.grad_clip,
+                        scaler=scaler,
+                        optimizer=optimizer,
                     )
                 scaler.step(optimizer)
                 scaler.update()

@@ -25,10 +25,10 @@ def section_pin_memory(ctx: Context) -> dict[str, Any]:
         raise Skip("no accelerator" if ctx.device.type == "cpu" else "pin_memory is for CUDA")
     loader = utils.build_dataloader(
         ctx.train_set,
-        batch_size=ctx.config.batch_size,
+        batch_size=ctx.config.optim.batch_size,
         train=True,
         num_workers=0,
-        generator=torch.Generator().manual_seed(ctx.config.seed),
+        generator=torch.Generator().manual_seed(ctx.config.run.seed),
         device=ctx.device,
     )
     pinned = tuple(next(iter(loader)))

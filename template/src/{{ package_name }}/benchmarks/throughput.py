@@ -17,12 +17,12 @@ def section_throughput(ctx: Context) -> dict[str, Any]:
     loop = ctx.results.get(6, {})
     if loop.get("status") == "measured":
         step, source = loop["loop"], "training loop (section 6)"
-        samples = config.batch_size * config.grad_accum_steps
+        samples = config.optim.batch_size * config.optim.grad_accum_steps
     else:
         inputs, targets = device_batch(ctx)
         bare = make_step(fresh_model(ctx), ctx)
         step, source = measure(lambda: bare(inputs, targets), ctx), "bare step on one batch"
-        samples = config.batch_size
+        samples = config.optim.batch_size
     median = step["median_s"]
     rate = samples / median
     # The IQR of a rate, from the step-time quartiles (rate falls as time rises).
@@ -30,12 +30,12 @@ def section_throughput(ctx: Context) -> dict[str, Any]:
     high = samples / max(median - step["iqr_s"] / 2, 1e-12)
     inputs, _ = ctx.batch
     flops = mfu.training_flops(ctx.base_model, tuple(inputs.shape), ctx.info.num_classes)
-    flops *= samples // config.batch_size
+    flops *= samples // config.optim.batch_size
     achieved = flops / median / 1e12
-    precision = mfu.matmul_precision(ctx.device, config.precision)
-    calibration = mfu.measured_peak(ctx.device, config.precision)
+    precision = mfu.matmul_precision(ctx.device, config.speed.precision)
+    calibration = mfu.measured_peak(ctx.device, config.speed.precision)
     measured = calibration.get("tflops")
-    datasheet, device_name = mfu.datasheet_peak(ctx.device, config.precision)
+    datasheet, device_name = mfu.datasheet_peak(ctx.device, config.speed.precision)
     mfu_measured = mfu.utilization(achieved, measured)
     mfu_datasheet = mfu.utilization(achieved, datasheet)
     if measured:
@@ -78,7 +78,7 @@ def section_throughput(ctx: Context) -> dict[str, Any]:
         "mfu": mfu_datasheet if mfu_datasheet is not None else "unknown",
         "table": {"columns": ["", "value"], "rows": rows},
         "notes": [
-            f"step time from the {source}; precision {config.precision}; FLOPs counted "
+            f"step time from the {source}; precision {config.speed.precision}; FLOPs counted "
             "once by torch.utils.flop_counter.FlopCounterMode on a meta-device copy; the "
             f"measured peak is cached in {utils.cache_dir()}"
         ],

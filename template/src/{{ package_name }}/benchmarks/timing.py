@@ -219,8 +219,8 @@ def make_optimizer(model: nn.Module, config: Config, device: torch.device) -> to
     """AdamW as train.py builds it (fused on CUDA), so step times compare like with like."""
     return torch.optim.AdamW(
         model.parameters(),
-        lr=config.lr,
-        weight_decay=config.weight_decay,
+        lr=config.optim.lr,
+        weight_decay=config.optim.weight_decay,
         fused=device.type == "cuda",
     )
 
@@ -234,11 +234,11 @@ def make_step(
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The minimal step: forward, loss, backward, (clip), optimizer step. Nothing else."""
     optimizer = make_optimizer(model, ctx.config, ctx.device)
-    scaler = utils.make_grad_scaler(ctx.device, ctx.config.precision)
+    scaler = utils.make_grad_scaler(ctx.device, ctx.config.speed.precision)
 
     def step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         with utils.anomaly_detection(anomaly):
-            with utils.autocast(ctx.device, ctx.config.precision):
+            with utils.autocast(ctx.device, ctx.config.speed.precision):
                 loss = F.cross_entropy(model(inputs), targets)
             scaler.scale(loss).backward()
         if clip is not None:

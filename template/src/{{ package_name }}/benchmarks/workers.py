@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import tempfile
 from pathlib import Path
@@ -41,27 +40,27 @@ def section_workers(ctx: Context) -> dict[str, Any]:
             source = f"--data-dir {data_dir}"
         else:
             data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-")))
-            total = (8 if ctx.quick else 32) * config.batch_size
-            size = max(64, 2 * config.image_size)
-            write_image_folder(data_dir, classes=config.num_classes, total=total, size=size)
+            total = (8 if ctx.quick else 32) * config.optim.batch_size
+            size = max(64, 2 * config.data.image_size)
+            write_image_folder(data_dir, classes=config.data.num_classes, total=total, size=size)
             source = (
                 f"temporary folder: {total} random {size}x{size} JPEGs in "
-                f"{config.num_classes} class folders (pass --data-dir to use yours)"
+                f"{config.data.num_classes} class folders (pass --data-dir to use yours)"
             )
-        on_disk = dataclasses.replace(config, data_dir=str(data_dir))
+        on_disk = config.replace(data_dir=str(data_dir))
         try:
             train_set, _, info = build_datasets(on_disk)
         except ValueError as error:  # DataError: the dataset cannot be read
             raise Skip(f"cannot read the on-disk dataset: {error}") from None
-        if len(train_set) < config.batch_size:  # type: ignore[arg-type]
-            raise Skip(f"the dataset has fewer than --batch-size {config.batch_size} items")
+        if len(train_set) < config.optim.batch_size:  # type: ignore[arg-type]
+            raise Skip(f"the dataset has fewer than --batch-size {config.optim.batch_size} items")
         if info.in_memory:
             notes.append("the dataset is in memory: workers only add inter-process copies")
         # What `train --num-workers auto` picks: measured on this dataset (and cached for
         # --data-dir, as train caches it; a temporary folder gets a throw-away cache).
         auto, _, auto_cached = utils.auto_num_workers(
             train_set,
-            batch_size=config.batch_size,
+            batch_size=config.optim.batch_size,
             dataset_id=str(data_dir.resolve()),
             in_memory=info.in_memory,
             device=ctx.device,
@@ -75,10 +74,10 @@ def section_workers(ctx: Context) -> dict[str, Any]:
         for workers in candidates:
             loader = utils.build_dataloader(
                 train_set,
-                batch_size=config.batch_size,
+                batch_size=config.optim.batch_size,
                 train=True,
                 num_workers=workers,
-                generator=torch.Generator().manual_seed(config.seed),
+                generator=torch.Generator().manual_seed(config.run.seed),
                 device=ctx.device,
             )
             batches = endless(loader)
@@ -95,7 +94,7 @@ def section_workers(ctx: Context) -> dict[str, Any]:
                 number=max(4, 2 * workers),
                 keep_times=True,
             )
-            rates = quartiles([config.batch_size / t for t in timing.pop("times_s")])
+            rates = quartiles([config.optim.batch_size / t for t in timing.pop("times_s")])
             rows.append(
                 {
                     "workers": workers,
@@ -132,7 +131,7 @@ def section_workers(ctx: Context) -> dict[str, Any]:
     )
     return {
         "dataset": source,
-        "batch_size": config.batch_size,
+        "batch_size": config.optim.batch_size,
         "cpus": cpus,
         "auto_workers": auto,
         "auto_share_of_fastest": auto_share,
