@@ -26,6 +26,7 @@ Set TORCH_SPEC (for example "torch==2.6.0") to pin the torch that sessions insta
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import time
@@ -74,15 +75,26 @@ def _torch_source(session: nox.Session) -> tuple[list[str], dict[str, str]]:
     return (["--index-url", PYTORCH_INDEX + backend] if backend else []), {}
 
 
-def _install(session: nox.Session, *groups: str) -> None:
-    """Install torch, the project and the named dependency groups, unless running in --no-venv
-    mode (then the interpreter's packages are used as they are: offline machines cannot
-    install)."""
+def _install(session: nox.Session, *groups: str, extras: tuple[str, ...] = ()) -> None:
+    """Install torch, the project (with `extras`) and the named dependency groups, unless
+    running in --no-venv mode (then the interpreter's packages are used as they are: offline
+    machines cannot install)."""
     if _uses_current_interpreter(session):
         return
     args, env = _torch_source(session)
     session.install(TORCH, *args, env=env)
-    session.install("-e", ".", *_groups(*groups), env=env)
+    project = f".[{','.join(extras)}]" if extras else "."
+    session.install("-e", project, *_groups(*groups), env=env)
+
+
+def _tracker_extra() -> tuple[str, ...]:
+    """The extra of the tracker this project was made with (`tracker` in .copier-answers.yml),
+    so that `nox -s tests` runs that tracker's tests instead of skipping them."""
+    answers = Path(".copier-answers.yml")
+    text = answers.read_text() if answers.is_file() else ""
+    match = re.search(r"^tracker:\s*['\"]?([\w-]+)", text, re.M)
+    extras = PYPROJECT["project"].get("optional-dependencies", {})
+    return (match[1],) if match and match[1] in extras else ()
 
 
 def _env(session: nox.Session) -> dict[str, str]:
@@ -103,8 +115,9 @@ def _package() -> str:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """CPU test suite (`nox -s tests -- -m 'not slow'` passes arguments on to pytest)."""
-    _install(session, "test")
+    """CPU test suite (`nox -s tests -- -m 'not slow'` passes arguments on to pytest); the
+    chosen tracker's extra is installed with it."""
+    _install(session, "test", extras=_tracker_extra())
     pytest_args = session.posargs or ["-m", "not gpu"]
     session.run(_python(session), "-m", "pytest", *pytest_args, env=_env(session), external=True)
 

@@ -63,6 +63,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -921,13 +922,14 @@ def _covered_by_project_tests(
 
 
 def _project_parser(project: Path):
-    """The generated project's real training parser, for commands that are only parsed."""
+    """The generated project's real training parser, for commands that are only parsed:
+    `parse_args(argv)` parses and validates as `train` does (SystemExit when it refuses)."""
     sys.path.insert(0, str(project / "src"))
     try:
-        from my_torch_project.config import build_parser  # type: ignore[import-not-found]
+        from my_torch_project.config import parse_config  # type: ignore[import-not-found]
     finally:
         sys.path.remove(str(project / "src"))
-    return build_parser()
+    return SimpleNamespace(parse_args=lambda argv: parse_config(argv, description="train"))
 
 
 def _parse_only(command: Command, words: list[str], train_parser) -> list[str]:

@@ -140,6 +140,24 @@ def test_the_torch_wheel_is_chosen_on_purpose(
         assert module._torch_source(FakeSession(venv_backend=installer)) == expected
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_the_tests_session_installs_the_chosen_trackers_extra(rendered, monkeypatch, name):
+    """`nox -s tests` in a project made with tracker=mlflow installs `.[mlflow]`, so MLflow's
+    test runs there instead of skipping; with tracker=none, no tracker's package."""
+    module = project_noxfile(rendered[name], monkeypatch)
+    installed: list[tuple[str, ...]] = []
+    session = FakeSession(
+        venv_backend="virtualenv",
+        posargs=["--collect-only"],
+        install=lambda *args, **kwargs: installed.append(args),
+        run=lambda *args, **kwargs: None,
+    )
+    module.tests.func(session)  # nox's decorator keeps the function as `.func`
+    projects = [args[1] for args in installed if args[:1] == ("-e",)]
+    tracker = MATRIX[name]["tracker"]
+    assert projects == (["."] if tracker == "none" else [f".[{tracker}]"])
+
+
 def test_ci_never_asks_the_pytorch_index(rendered):
     """CI here takes torch from the configured indexes; the PyTorch index is out of reach."""
     script = (ROOT / ".ci" / "run").read_text()

@@ -56,7 +56,7 @@ def test_scale_shift_starts_as_identity():
 
 
 def test_user_changed_the_default_epochs():
-    assert Config().epochs == 7
+    assert Config().optim.epochs == 7
 '''
 
 TEMPLATE_ADDITION = '''
@@ -462,5 +462,6 @@ def test_a_v010_tensorboard_answer_becomes_the_tracker_answer(tmp_path):
     recorded = yaml.safe_load((project / ".copier-answers.yml").read_text())
     assert recorded["tracker"] == "tensorboard" and "tensorboard" not in recorded
     config = (project / "src" / "tb_project" / "config.py").read_text()
-    assert 'tracker: str = field(\n        default="tensorboard"' in config
+    tracker = 'tracker: Literal["none", "tensorboard", "mlflow", "wandb"] = field(\n'
+    assert tracker + '        default="tensorboard"' in config
     assert conflict_markers(project) == []

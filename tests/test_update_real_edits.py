@@ -29,7 +29,8 @@ RELEASE = "0.1.0"
 PACKAGE = "edited_project"
 # Files where these edits and the template's changes since RELEASE touch the same lines.
 EXPECTED_CONFLICTS = {
-    "src/edited_project/config.py",  # CHOICES gains `tracker` next to the user's model choice
+    "src/edited_project/config.py",  # grouped dataclasses (issue 14) meet the user's edits
+    "src/edited_project/data.py",  # the template's grouped reads next to the user's source
     "src/edited_project/model.py",
     "src/edited_project/train.py",
 }
@@ -165,18 +166,78 @@ def take(path: Path, side: int) -> None:
     path.write_text(BOTH_SIDES.sub(lambda m: m[side], path.read_text()))
 
 
+# The Upgrade note's table (config through tyro): each field by its group; `depth` is ours.
+GROUPS = {"model": "model", "width": "model", "dropout": "model", "depth": "model"}
+GROUPS |= dict.fromkeys(
+    [
+        "data_dir",
+        "val_fraction",
+        "image_size",
+        "num_classes",
+        "train_samples",
+        "val_samples",
+        "synthetic_noise",
+        "num_workers",
+    ],
+    "data",
+)
+GROUPS |= dict.fromkeys(
+    [
+        "epochs",
+        "batch_size",
+        "lr",
+        "weight_decay",
+        "warmup_steps",
+        "grad_accum_steps",
+        "grad_clip",
+        "max_steps_per_epoch",
+    ],
+    "optim",
+)
+GROUPS |= dict.fromkeys(["run_dir", "resume", "device", "seed", "deterministic"], "run")
+GROUPS |= dict.fromkeys(
+    ["precision", "compile", "compile_mode", "compile_backend", "tf32", "cudnn_benchmark"], "speed"
+)
+GROUPS |= dict.fromkeys(
+    ["detect_anomaly", "log_every", "progress", "tracker", "experiment", "tracker_uri"], "log"
+)
+FLAT_READ = re.compile(r"\b(config|Config\(\))\.(" + "|".join(GROUPS) + r")\b(?!\.)")
+
+
+def regroup(path: Path) -> None:
+    """`config.width` -> `config.model.width`, as the Upgrade note says for the user's files."""
+    path.write_text(FLAT_READ.sub(lambda m: f"{m[1]}.{GROUPS[m[2]]}.{m[2]}", path.read_text()))
+
+
 def resolve_as_the_upgrade_notes_say(project: Path) -> None:
     """What CHANGELOG.md's Upgrade notes tell this user to do."""
     package = project / "src" / PACKAGE
     take(package / "train.py", 2)  # the template's train.py: it calls build_model_for
     take(package / "model.py", 1)  # our model.py
-    # config.py: keep both lines of CHOICES, the template's new `tracker` and our model choice.
+    # data.py: the template's side, with our data source put back in front of its branches.
+    data = package / "data.py"
+    take(data, 2)
+    if "def make_parity(" not in data.read_text():
+        edit(data, r"^(?=def build_datasets\()", USER_DATA_SOURCE.lstrip("\n") + "\n\n")
+    edit(
+        data,
+        r"^(    if config\.data\.data_dir is None:\n)",
+        '    if config.data_dir == "parity":\n'
+        "        train = make_parity(config.train_samples, config.image_size, seed=1)\n"
+        "        val = make_parity(config.val_samples, config.image_size, seed=2)\n"
+        "        return train, val, DataInfo(3, config.image_size, 2, in_memory=True)\n"
+        r"\1",
+    )
+    # config.py: the template's grouped dataclasses, with our choice, default and field put
+    # back where they now belong.
     config = package / "config.py"
     take(config, 2)
-    text = config.read_text()
-    assert text.count('"model": ("cnn", "mlp"),') == 1, "CHOICES' model line not found"
-    config.write_text(
-        text.replace('"model": ("cnn", "mlp"),', '"model": ("cnn", "mlp", "resmlp"),')
+    edit(config, r'(model: Literal\["cnn", "mlp")\]', r'\1, "resmlp"]')
+    edit(config, r"(epochs: int = field\(default=)5\b", r"\g<1>7")
+    edit(
+        config,
+        r"^(    dropout: float = field\(.*\n)",
+        r'\1    depth: int = field(default=3, metadata={"help": "residual blocks (resmlp)"})\n',
     )
     model = package / "model.py"
     text = model.read_text()
@@ -187,12 +248,24 @@ def resolve_as_the_upgrade_notes_say(project: Path) -> None:
             "        num_classes=info.num_classes, width=config.width, dropout=config.dropout,\n"
             "    )\n"
         )
+    model.write_text(text)
+    # Fields are read through their group now: in our model.py, data.py and test.
+    for path in (model, data, project / "tests" / "test_our_model.py"):
+        regroup(path)
     # ...and pass the argument we added to build_model, which train.py no longer passes.
     text, count = re.subn(
-        r"dropout=config\.dropout,(\s*)\)", r"dropout=config.dropout, depth=config.depth,\1)", text
+        r"dropout=config\.model\.dropout,(\s*)\)",
+        r"dropout=config.model.dropout, depth=config.model.depth,\1)",
+        model.read_text(),
     )
     assert count == 1, "build_model_for's call of build_model not found"
     model.write_text(text)
+    test = project / "tests" / "test_our_model.py"
+    edit(
+        test,
+        r'Config\(data_dir="parity", image_size=8\)',
+        'Config().replace(data_dir="parity", image_size=8)',
+    )
 
 
 def test_a_project_with_real_edits_updates_from_the_last_release(tmp_path):

@@ -44,7 +44,8 @@ except ModuleNotFoundError:  # Python 3.10: the backport the project depends on 
     import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
 
 from .checkpoint import CheckpointError, Interrupted
-from .config import Config, ConfigError, leaf_fields, load_toml, to_toml
+from .config import Config, ConfigError
+from .config_parsing import leaf_fields, load_toml, to_toml
 from .data import DataError
 from .train import train
 

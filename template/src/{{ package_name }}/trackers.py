@@ -86,7 +86,7 @@ def metrics_of(record: dict[str, Any]) -> dict[str, float]:
 
 
 def flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dicts as dotted keys: config = {"lr": 1} becomes "config.optim.lr" = 1."""
+    """Nested dicts as dotted keys: config = {"lr": 1} becomes "config.lr" = 1."""
     flat: dict[str, Any] = {}
     for key, value in record.items():
         if isinstance(value, dict):

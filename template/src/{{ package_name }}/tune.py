@@ -34,7 +34,8 @@ import torch
 
 from . import utils
 from .benchmarks.timing import compare_rounds
-from .config import Config, ConfigError, build_parser, parse_config, to_toml
+from .config import Config, ConfigError, build_parser, parse_config
+from .config_parsing import to_toml
 from .task import task_for
 
 
