@@ -34,7 +34,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from . import utils
 from .config import Config, build_parser, parse_config
-from .data import build_datasets
+from .task import task_for
 
 # "sync" is the step's one host sync (the finite-loss check): on a GPU it absorbs the wait
 # for the queued forward and backward kernels, so it gets its own label, next to the others.
@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def profiled_config(config: Config, total_steps: int, out: Path) -> Config:
     """The user's config, cut to `total_steps` optimizer steps, writing into `out/run`."""
-    train_set, _, _ = build_datasets(config)
+    train_set, _, _ = task_for(config).datasets(config)
     steps_per_epoch = len(train_set) // (config.batch_size * config.grad_accum_steps)  # type: ignore[arg-type]
     if steps_per_epoch < 1:
         raise ValueError(
