@@ -35,7 +35,7 @@ import torch
 from . import utils
 from .benchmarks.timing import compare_rounds
 from .config import Config, ConfigError, build_parser, parse_config
-from .data import build_datasets
+from .task import task_for
 
 
 class _TrialDone(Exception):
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--rounds must be >= 2 (a spread needs two rounds), got {rounds}")
     try:
         device = utils.resolve_device(config.device)
-        _, _, info = build_datasets(config)
+        _, _, info = task_for(config).datasets(config)  # a language model reads text
     except ValueError as error:
         parser.error(str(error))
     warmup = 2
