@@ -60,19 +60,16 @@ def save(
     SaveError on every rank, with `path` holding the previous checkpoint.
     """
     tmp = path.with_name(f".{path.name}.tmp")  # one name all ranks agree on
-    _together(lambda: _fresh_folder(tmp) if is_main else None, path, device)
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    _together(
-        lambda: dcp.save(
-            {"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp
-        ),
-        path,
-        device,
-    )
-    if is_main:
-        _together(lambda: _finish(state, tmp, path), path, device)
-    else:
-        _together(lambda: None, path, device)
+    try:
+        _together(lambda: _fresh_folder(tmp) if is_main else None, path, device)
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        shards = {"model": model_state, "optimizer": optimizer_state}
+        _together(lambda: dcp.save(shards, checkpoint_id=tmp), path, device)
+        _together(lambda: _finish(state, tmp, path) if is_main else None, path, device)
+    except SaveError:
+        if is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def state_file(path: Path) -> Path:
