@@ -118,7 +118,7 @@ def checkpoint_activations(module: nn.Module) -> None:
     original), so the module tree, the parameter names and the state dict stay as they were:
     checkpoints of runs with and without it are interchangeable.
     """
-    module.forward = partial(checkpoint, module.forward, use_reentrant=False)  # type: ignore[method-assign]
+    module.forward = partial(checkpoint, module.forward, use_reentrant=False)
 
 
 @contextlib.contextmanager

@@ -50,15 +50,31 @@ def save(
     path: Path,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    *,
-    is_main: bool,
+    best: Path | None,
+    ctx: distributed.Context,
     device: torch.device,
 ) -> None:
-    """Write model and optimizer shards from every rank, and `state` from rank 0, to `path`.
+    """Write model and optimizer shards from every rank, and `state` from rank 0, to `path`,
+    then copy it to `best` unless that is None.
 
     Call on every rank (DCP's writes end in collectives). A failure on any rank raises
     SaveError on every rank, with `path` holding the previous checkpoint.
     """
+    write(state, path, model, optimizer, is_main=ctx.is_main, device=device)
+    if best is not None:
+        copy(path, best, is_main=ctx.is_main, device=device)
+
+
+def write(
+    state: dict[str, Any],
+    path: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    is_main: bool,
+    device: torch.device,
+) -> None:
+    """`save` without the copy to best."""
     tmp = path.with_name(f".{path.name}.tmp")  # one name all ranks agree on
     try:
         _together(lambda: _fresh_folder(tmp) if is_main else None, path, device)

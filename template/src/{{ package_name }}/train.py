@@ -253,11 +253,8 @@ def train(
                 )
             failure = None
             if sharded:  # every rank writes its shards; a failure raises on every rank
-                state = snapshot(epoch, samples, totals)
-                at = {"is_main": ctx.is_main, "device": device}
-                sharded_checkpoint.save(state, last_path, raw_model, optimizer, **at)
-                if improved:
-                    sharded_checkpoint.copy(last_path, best_path, **at)
+                state, best = snapshot(epoch, samples, totals), best_path if improved else None
+                sharded_checkpoint.save(state, last_path, raw_model, optimizer, best, ctx, device)
             elif ctx.is_main:
                 try:
                     checkpoint.save_checkpoint(snapshot(epoch, samples, totals), last_path)
