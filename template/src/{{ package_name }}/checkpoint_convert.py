@@ -38,7 +38,8 @@ def convert(source: Path, target: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as scratch:
         whole = Path(scratch) / "whole.pt"
         try:  # DCP's own reader, in one process: every shard into full tensors
-            dcp_to_torch_save(source, whole)
+            with sharded_checkpoint.quiet_single_process():
+                dcp_to_torch_save(source, whole)
         except Exception as error:  # a truncated or foreign folder: one line, exit 2
             first = (str(error).strip().splitlines() or [type(error).__name__])[0]
             raise CheckpointError(f"{source} could not be read ({first})") from None

@@ -22,8 +22,11 @@ DCP's `.metadata` file is a pickle (PyTorch's format): resume only from folders 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,15 @@ from .checkpoint import CheckpointError, SaveError
 
 SUFFIX = ".dcp"
 STATE_NAME = "train_state.pt"
+
+
+@contextlib.contextmanager
+def quiet_single_process() -> Iterator[None]:
+    """Without torchrun DCP warns, on every call, that it assumes a single process: it does,
+    on purpose (a resumed or converted checkpoint of N ranks), so the warning is noise."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        yield
 
 
 def is_sharded_checkpoint(path: Path) -> bool:
@@ -80,7 +92,8 @@ def write(
         _together(lambda: _fresh_folder(tmp) if is_main else None, path, device)
         model_state, optimizer_state = get_state_dict(model, optimizer)
         shards = {"model": model_state, "optimizer": optimizer_state}
-        _together(lambda: dcp.save(shards, checkpoint_id=tmp), path, device)
+        with quiet_single_process():
+            _together(lambda: dcp.save(shards, checkpoint_id=tmp), path, device)
         _together(lambda: _finish(state, tmp, path) if is_main else None, path, device)
     except SaveError:
         if is_main:
@@ -118,7 +131,8 @@ def load_shards(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) 
     """Load the shards of `path` into `model` and `optimizer`, as they are sharded NOW."""
     model_state, optimizer_state = get_state_dict(model, optimizer)
     try:
-        dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)
+        with quiet_single_process():
+            dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)
         set_state_dict(
             model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state
         )
