@@ -59,6 +59,7 @@ def _pinned(tool: str) -> str:
 ENV_PACKAGES = [
     "copier>=9.13,<10",  # the lower bound is MIN_COPIER's minor version
     "pytest>=8",
+    "pytest-xdist>=3.6",  # the tests session runs on two workers
     _pinned("ruff"),  # the renders are linted and type-checked with the versions they pin
     _pinned("mypy"),
     "nox",  # the docs tests run the generated projects' own nox sessions with --no-venv
@@ -238,8 +239,12 @@ def demo(session: nox.Session) -> None:
 @nox.session(venv_backend="none", requires=["env"])
 def tests(session: nox.Session) -> None:
     """The template's pytest suite (`nox -s tests -- -k render` passes arguments to pytest)."""
-    # The slowest tests in the log: CI time is a budget (well under 30 minutes on 2 cores).
-    _run(session, "-m", "pytest", "--durations=15", *session.posargs)
+    # Two workers: most of the suite waits on subprocesses (renders' suites, mutation runs,
+    # copier), so two run side by side on CI's two cores. Each module runs whole on one worker
+    # (its fixtures are built once); tests/conftest.py gives each worker its own renders.
+    # The slowest tests in the log: CI time is a budget (under 20 minutes on 2 cores).
+    parallel = ["-n", "2", "--dist", "loadfile"]
+    _run(session, "-m", "pytest", *parallel, "--durations=15", *session.posargs)
     if not session.posargs:  # the whole suite: the update tests once more, on the oldest copier
         _update_tests_on_min_copier(session)
 

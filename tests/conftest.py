@@ -1,10 +1,18 @@
-"""Session fixtures: a git identity for the commits tests make, and the matrix renders."""
+"""Session fixtures: a git identity for the commits tests make, and the matrix renders.
+
+Under pytest-xdist (`nox -s tests` runs `-n 2 --dist loadfile`: CI has two cores, and most of
+the suite waits on subprocesses) every test module runs whole on one worker, so a module's
+fixtures (a render, a mutation run) are built once; each worker renders the matrix into its own
+folder, build/matrix/<worker>, so two workers never write the same files.
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,10 +30,25 @@ def _git_identity() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def rendered() -> dict[str, Path]:
-    """Every matrix entry rendered once, into build/matrix/<name> (wiped first)."""
-    shutil.rmtree(MATRIX_DIR, ignore_errors=True)
-    MATRIX_DIR.mkdir(parents=True)
-    return {name: render(MATRIX_DIR / name, answers) for name, answers in MATRIX.items()}
+    """Every matrix entry rendered once, into build/matrix/[<xdist worker>/]<name> (wiped
+    first)."""
+    folder = MATRIX_DIR / os.environ.get("PYTEST_XDIST_WORKER", "")
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return {name: render(folder / name, answers) for name, answers in MATRIX.items()}
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """On an xdist worker: hand the kill rates to the controller, which prints the summary."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["kill_rates"] = list(KILL_RATES)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """On the xdist controller: collect a finished worker's kill rates."""
+    KILL_RATES.extend(getattr(node, "workeroutput", {}).get("kill_rates", []))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -132,10 +132,14 @@ def run_project_suite(
     )
 
 
-def check_project(project: Path, *, slow: bool, python_version: str | None = None) -> None:
-    """What the matrix asks of a rendered project: it installs and its CPU suite passes."""
+def check_project(
+    project: Path, *, slow: bool, python_version: str | None = None, tests: Sequence[str] = ()
+) -> None:
+    """What the matrix asks of a rendered project: it installs and its CPU suite (or the named
+    test files of it) passes."""
     pip_install_editable(project, python_version=python_version)
-    run_project_suite(project, markers="not gpu" if slow else "not gpu and not slow")
+    markers = "not gpu" if slow else "not gpu and not slow"
+    run_project_suite(project, *tests, markers=markers)
 
 
 # Lines for the end of the pytest run ("N/M planted bugs caught"), from the mutation tests.

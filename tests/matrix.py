@@ -45,11 +45,18 @@ MATRIX: dict[str, dict[str, Any]] = {
     },
 }
 
-# The one render whose `slow` tests run too (among them the library tests of the trackers a
-# render was not made with: this render's own tracker, MLflow, is the slowest to start).
-# The one render whose `slow` tests run too (inductor compilation and the like take minutes
-# on a small CPU; once is enough to catch a break, the other renders skip them).
+# The one render whose `slow` tests run too (inductor compilation, multi-process faults, the
+# library tests of the trackers a render was not made with: minutes on a small CPU; once is
+# enough to catch a break, the other renders skip them).
 SLOW_RENDER = "py310-mit-cnn"
+
+# Renders that run only the test files their answers can change. py313-none-cnn has the same
+# model as the slow render; what differs is metadata (Python, license, CI workflow), which
+# changes no code path, and the tracker, whose default is read by the config, the trackers'
+# wiring and a first epoch. The whole suite of the same code already runs in SLOW_RENDER.
+PARTIAL_SUITES: dict[str, list[str]] = {
+    "py313-none-cnn": ["tests/test_trackers.py", "tests/test_config.py", "tests/test_smoke.py"],
+}
 
 
 def package_name(answers: dict[str, Any]) -> str:

@@ -8,8 +8,10 @@ per mutation: the child copies `src/`, plants the bug in its copy, puts that cop
 `sys.path` and runs `pytest.main` on the chosen tests. Two children run at a time (CI has two
 cores). A child runs in its own session, so a hung run is killed with everything it started.
 
-Each job in JOBS.json: {"name", "module", "edits": [[old, new], ...], "tests": [paths],
-"select": str|null, "timeout": seconds}. RESULTS.json maps each name to {"code", "seconds",
+Each job in JOBS.json: {"name", "module", "edits": [[old, new], ...] (none: the unmutated
+code), "tests": [paths], "select": str|null, "timeout": seconds, and optionally "markers" (a -m
+expression, default "not gpu") and "alone" (true: run with no other child beside it, for a test
+that measures speed)}. RESULTS.json maps each name to {"code", "seconds",
 "output", "problem"}: the pytest exit code (1 = a test failed, the mutation was caught), or -1
 with a "problem" when the bug could not be planted or the run timed out.
 """
@@ -65,8 +67,8 @@ def child(project: Path, package: str, workdir: Path, job: dict) -> int:
         os.environ["PYTHONPATH"] = os.pathsep.join(path for path in paths if path)
         os.environ["PYTHONDONTWRITEBYTECODE"] = "1"  # the shared tests/ folder stays clean
         os.chdir(project)
-        args = ["-x", "-q", "-p", "no:cacheprovider", "--basetemp", str(mutant / "tmp")]
-        args += ["-m", "not gpu", *job["tests"]]
+        args = ["-x", "-q", "-rs", "-p", "no:cacheprovider", "--basetemp", str(mutant / "tmp")]
+        args += ["-m", job.get("markers") or "not gpu", *job["tests"]]
         if job.get("select"):
             args += ["-k", job["select"]]
         return int(pytest.main(args))
@@ -88,6 +90,10 @@ def main() -> int:
     pending, running, results = list(jobs), {}, {}
     while pending or running:
         while pending and len(running) < PARALLEL:
+            if pending[0].get("alone") and running:
+                break  # it starts when the running children are done
+            if any(job.get("alone") for job, _ in running.values()):
+                break
             job = pending.pop(0)
             sys.stdout.flush()
             pid = os.fork()

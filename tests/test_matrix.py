@@ -2,7 +2,8 @@
 
 Each project is pip-installed (editable, no dependencies: the one shared environment already
 has torch and the rest) under its own distribution and package name, so all of them coexist.
-The `slow` tests run in one render only (see matrix.SLOW_RENDER).
+The `slow` tests run in one render only (see matrix.SLOW_RENDER), and renders whose answers
+change no code path another render runs only their answer-specific files (matrix.PARTIAL_SUITES).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 import pytest
 
 from helpers import check_project, pip_install_editable, run
-from matrix import MATRIX, SLOW_RENDER, package_name
+from matrix import MATRIX, PARTIAL_SUITES, SLOW_RENDER, package_name
 
 pytestmark = pytest.mark.matrix
 
@@ -22,7 +23,12 @@ pytestmark = pytest.mark.matrix
 @pytest.mark.parametrize("name", list(MATRIX))
 def test_installs_and_passes_its_cpu_suite(rendered, name):
     python_version = MATRIX[name]["python_version"]
-    check_project(rendered[name], slow=name == SLOW_RENDER, python_version=python_version)
+    check_project(
+        rendered[name],
+        slow=name == SLOW_RENDER,
+        python_version=python_version,
+        tests=PARTIAL_SUITES.get(name, []),
+    )
 
 
 @pytest.mark.parametrize("name", list(MATRIX))

@@ -15,19 +15,13 @@ tests: the render matrix runs the whole generated suite.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import warnings
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
 
 from helpers import KILL_RATES
-
-REPO = Path(__file__).resolve().parents[1]
-PACKAGE = "mutpkg"
+from mutations import PACKAGE, caught, render_to_mutate, run_jobs
 
 
 class Mutation(NamedTuple):
@@ -270,20 +264,7 @@ def _missing_targets(source: str, mutation: Mutation) -> str | None:
 
 @pytest.fixture(scope="module")
 def rendered_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    copier = pytest.importorskip("copier")
-    destination = tmp_path_factory.mktemp("package-mutations") / "project"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a dirty working tree is rendered on purpose
-        copier.run_copy(
-            src_path=str(REPO),
-            dst_path=destination,
-            defaults=True,
-            vcs_ref="HEAD",
-            data={"package_name": PACKAGE},
-            unsafe=False,
-            quiet=True,
-        )
-    return destination
+    return render_to_mutate(tmp_path_factory, "package-mutations")
 
 
 @pytest.fixture(scope="module")
@@ -316,27 +297,13 @@ def outcomes(
         job = mutation._asdict()
         job["tests"] = [f"tests/{mutation.tests}"]
         jobs.append(job)
-    workdir = tmp_path_factory.mktemp("mutation-runs")
-    (workdir / "jobs.json").write_text(json.dumps(jobs))
-    subprocess.run(
-        [sys.executable, str(REPO / "tests" / "mutation_runner.py"), str(rendered_project),
-         str(workdir / "jobs.json"), str(workdir / "results.json")],
-        check=True,
-        timeout=1800,
-    )  # fmt: skip
-    results.update(json.loads((workdir / "results.json").read_text()))
-    caught = sum(_caught(result) for result in results.values())
+    results.update(run_jobs(rendered_project, jobs, tmp_path_factory))
+    hits = sum(caught(result) for result in results.values())
     KILL_RATES.append(
-        f"package mutations: {caught}/{len(results)} planted bugs caught by the generated "
-        f"suite ({100 * caught / max(len(results), 1):.0f}%)"
+        f"package mutations: {hits}/{len(results)} planted bugs caught by the generated "
+        f"suite ({100 * hits / max(len(results), 1):.0f}%)"
     )
     return results
-
-
-def _caught(result: dict[str, Any]) -> bool:
-    # Exit code 1: tests ran and one failed. 2 (a collection error) would mean the bug broke
-    # the import rather than the behaviour, and 5 that the -k expression selected nothing.
-    return result["code"] == 1 and " failed" in result["output"]
 
 
 def test_every_mutation_names_a_generated_test_file_and_a_unique_name(
@@ -357,7 +324,7 @@ def test_a_planted_bug_fails_the_generated_tests(
 ) -> None:
     result = outcomes[mutation.name]
     assert not result.get("problem"), f"{mutation.name}: {result['problem']}"
-    assert _caught(result), (
+    assert caught(result), (
         f"{mutation.name} survived: `pytest tests/{mutation.tests} -k '{mutation.select}'` "
         f"exited {result['code']}\n{result['output'][-4000:]}"
     )

@@ -9,21 +9,13 @@ technique must fail. Every mutation must match the source exactly once, so a cha
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-import warnings
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 
 from helpers import KILL_RATES
-
-REPO = Path(__file__).resolve().parents[1]
-PACKAGE = "mutpkg"
+from mutations import caught, render_to_mutate, run_jobs
 
 
 class Mutation(NamedTuple):
@@ -35,12 +27,9 @@ class Mutation(NamedTuple):
     timed: bool = False  # caught by a speed ratio: skipped, not passed, without two free CPUs
 
 
-class Outcome(NamedTuple):
-    result: subprocess.CompletedProcess[str] | None
-    problem: str  # why the mutation could not be applied
-
-
 UNMUTATED = "unmutated"
+# What the generated tuner test says when it skips: another process held a CPU it needed.
+UNMEASURED = "two CPUs were never free"
 
 
 MUTATIONS = [
@@ -181,51 +170,17 @@ MUTATIONS = [
 
 @pytest.fixture(scope="module")
 def rendered_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    copier = pytest.importorskip("copier")
-    destination = tmp_path_factory.mktemp("utils-mutations") / "project"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a dirty working tree is rendered on purpose
-        copier.run_copy(
-            src_path=str(REPO),
-            dst_path=destination,
-            defaults=True,
-            vcs_ref="HEAD",
-            data={"package_name": PACKAGE},
-            unsafe=False,
-            quiet=True,
-        )
-    return destination
+    return render_to_mutate(tmp_path_factory, "utils-mutations")
 
 
 def _utils_test_files(project: Path) -> list[str]:
     return sorted(path.name for path in (project / "tests").glob("test_utils*.py"))
 
 
-def _run_tests(
-    project: Path, test_files: list[str], select: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(project / "src"), env.get("PYTHONPATH")]))
-    env.pop("PYTEST_ADDOPTS", None)
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-rs", "-p", "no:cacheprovider"]
-    command += ["-m", "not gpu and not slow", *(f"tests/{name}" for name in test_files)]
-    if select:
-        command += ["-k", select]
-    return subprocess.run(
-        command, cwd=project, env=env, capture_output=True, text=True, timeout=300, check=False
-    )
-
-
-def _mutate_and_run(rendered: Path, workdir: Path, mutation: Mutation) -> Outcome:
-    project = workdir / mutation.name
-    shutil.copytree(rendered, project)
-    utils_py = project / "src" / PACKAGE / "utils.py"
-    source = utils_py.read_text(encoding="utf-8")
-    matches = source.count(mutation.old)
-    if matches != 1:
-        return Outcome(None, f"the mutation matches utils.py {matches} times instead of once")
-    utils_py.write_text(source.replace(mutation.old, mutation.new), encoding="utf-8")
-    return Outcome(_run_tests(project, [mutation.tests], mutation.select), "")
+def _job(name: str, edits: list[tuple[str, str]], tests: list[str], **extra: Any) -> dict:
+    return {"name": name, "module": "utils.py", "edits": edits, "timeout": 300,
+            "tests": [f"tests/{test}" for test in tests], "markers": "not gpu and not slow",
+            "select": None, **extra}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -233,46 +188,30 @@ def outcomes(
     request: pytest.FixtureRequest,
     rendered_project: Path,
     tmp_path_factory: pytest.TempPathFactory,
-) -> dict[str, Outcome]:
-    """Run every selected mutation once, two at a time (each run is mostly torch's import)."""
+) -> dict[str, dict[str, Any]]:
+    """Run every selected mutation once, in tests/mutation_runner.py (one torch import, two
+    children at a time); a mutation caught by a speed ratio runs last and alone, since a run
+    beside it would take the CPUs its test needs free."""
     selected = {
         item.callspec.params["mutation"].name
         if hasattr(item, "callspec") and "mutation" in item.callspec.params
         else item.name
         for item in request.session.items
     }
-    workdir = tmp_path_factory.mktemp("mutants")
-    jobs = [m for m in MUTATIONS if m.name in selected and not m.timed]
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {m.name: pool.submit(_mutate_and_run, rendered_project, workdir, m) for m in jobs}
-        if "test_the_unmutated_utils_pass_their_tests" in selected:
-            files = _utils_test_files(rendered_project)
-            futures[UNMUTATED] = pool.submit(
-                lambda: Outcome(_run_tests(rendered_project, files), "")
-            )
-        results = {name: future.result() for name, future in futures.items()}
-    # A mutation caught by a speed ratio runs alone, after the pool: a run beside it would
-    # take the CPUs its test needs free.
-    for mutation in MUTATIONS:
-        if mutation.timed and mutation.name in selected:
-            results[mutation.name] = _mutate_and_run(rendered_project, workdir, mutation)
+    jobs = [
+        _job(m.name, [(m.old, m.new)], [m.tests], select=m.select, alone=m.timed)
+        for m in sorted(MUTATIONS, key=lambda m: m.timed)
+        if m.name in selected
+    ]
+    if "test_the_unmutated_utils_pass_their_tests" in selected:
+        jobs.insert(0, _job(UNMUTATED, [], _utils_test_files(rendered_project)))
+    results = run_jobs(rendered_project, jobs, tmp_path_factory)
     planted = [name for name in results if name != UNMUTATED]
-    caught = [
-        name
-        for name in planted
-        if results[name].result is not None
-        and results[name].result.returncode == 1  # type: ignore[union-attr]
-        and " failed" in results[name].result.stdout  # type: ignore[union-attr]
-    ]
-    unmeasured = [
-        name
-        for name in planted
-        if results[name].result is not None
-        and "two CPUs were never free" in results[name].result.stdout  # type: ignore[union-attr]
-    ]
+    hits = [name for name in planted if caught(results[name])]
+    unmeasured = [name for name in planted if UNMEASURED in results[name]["output"]]
     KILL_RATES.append(
-        f"utils mutations: {len(caught)}/{len(planted)} planted bugs caught by the generated "
-        f"utils tests ({100 * len(caught) / max(len(planted), 1):.0f}%)"
+        f"utils mutations: {len(hits)}/{len(planted)} planted bugs caught by the generated "
+        f"utils tests ({100 * len(hits) / max(len(planted), 1):.0f}%)"
         + (f", {len(unmeasured)} not measurable without two free CPUs" if unmeasured else "")
     )
     return results
@@ -284,23 +223,23 @@ def test_every_mutation_targets_a_rendered_test_file(rendered_project: Path) -> 
     assert len({mutation.name for mutation in MUTATIONS}) == len(MUTATIONS)
 
 
-def test_the_unmutated_utils_pass_their_tests(outcomes: dict[str, Outcome]) -> None:
-    result = outcomes[UNMUTATED].result
-    assert result is not None
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout
+def test_the_unmutated_utils_pass_their_tests(outcomes: dict[str, dict[str, Any]]) -> None:
+    result = outcomes[UNMUTATED]
+    assert not result["problem"], result["problem"]
+    assert result["code"] == 0, result["output"][-4000:]
+    assert " passed" in result["output"]
 
 
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=[m.name for m in MUTATIONS])
 def test_a_broken_technique_fails_its_tests(
-    outcomes: dict[str, Outcome], mutation: Mutation
+    outcomes: dict[str, dict[str, Any]], mutation: Mutation
 ) -> None:
-    result, problem = outcomes[mutation.name]
-    assert result is not None, f"{mutation.name}: {problem}"
-    output = result.stdout[-4000:] + result.stderr[-2000:]
-    if mutation.timed and result.returncode == 0 and "two CPUs were never free" in output:
+    result = outcomes[mutation.name]
+    assert not result["problem"], f"{mutation.name}: {result['problem']}"
+    output = result["output"][-4000:]
+    if mutation.timed and result["code"] == 0 and UNMEASURED in output:
         pytest.skip(f"{mutation.name}: no two free CPUs to measure the tuner on")
     # Exit code 1 means tests ran and failed; 2 (an import or collection error) would mean the
     # mutation broke the module rather than the technique, which proves nothing.
-    assert result.returncode == 1, f"exit code {result.returncode}:\n{output}"
-    assert " failed" in result.stdout, output
+    assert result["code"] == 1, f"exit code {result['code']}:\n{output}"
+    assert caught(result), output
