@@ -110,10 +110,11 @@ def first_nonfinite(model: torch.nn.Module) -> str | None:
     """The name of the first parameter or buffer holding a NaN or Inf, else None.
 
     Buffers matter: BatchNorm's running statistics can blow up while the loss of the step
-    that poisoned them (computed with batch statistics) is still finite.
+    that poisoned them (computed with batch statistics) is still finite. Under FSDP each
+    rank checks its own shard (`to_local`); the caller combines the verdicts of all ranks.
     """
     tensors = [
-        (name, tensor)
+        (name, tensor.to_local() if hasattr(tensor, "to_local") else tensor)
         for name, tensor in (*model.named_parameters(), *model.named_buffers())
         if tensor.is_floating_point() or tensor.is_complex()
     ]
@@ -189,15 +190,24 @@ def _load_failure(error: Exception) -> str:
 
 
 def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
-    """`--resume auto` means run_dir's last.pt if there is one (else a fresh start)."""
+    """`--resume auto` means run_dir's last checkpoint if there is one (else a fresh start):
+    last.pt, or the folder last.dcp of an FSDP run; the newer one if both are there."""
     if resume is None:
         return None
     if resume == "auto":
-        last = run_dir / "checkpoints" / "last.pt"
-        return last if last.is_file() else None
+        folder = run_dir / "checkpoints"
+        # Each checkpoint with the file whose presence says it is complete.
+        markers = {folder / "last.pt": folder / "last.pt"}
+        markers[folder / "last.dcp"] = folder / "last.dcp" / "train_state.pt"
+        present = {path: marker for path, marker in markers.items() if marker.is_file()}
+        if not present:
+            return None
+        return max(present, key=lambda path: present[path].stat().st_mtime_ns)
     path = Path(resume)
-    if not path.is_file():
-        raise CheckpointError(f"--resume {path}: no such checkpoint file")
+    if not (path.is_file() or (path / "train_state.pt").is_file()):
+        raise CheckpointError(
+            f"--resume {path}: no such checkpoint file (or sharded checkpoint folder)"
+        )
     return path
 
 

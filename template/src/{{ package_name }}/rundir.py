@@ -21,6 +21,7 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -32,7 +33,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from . import distributed
+from . import distributed, sharded_checkpoint
 from .checkpoint import CheckpointError, Interrupted, SaveError
 from .config import ConfigError
 from .data import DataError
@@ -84,7 +85,8 @@ def claim(run_dir: Path, resume: str | None) -> IO[str] | None:
     except OSError as error:
         lock.close()
         raise RunDirError(f"--run-dir {run_dir} is not writable: {_reason(error)}") from None
-    saved = sorted(p.name for p in checkpoints.glob("*.pt"))
+    sharded_checkpoint.recover(checkpoints)  # a folder swap that a crash interrupted
+    saved = sorted(p.name for p in (*checkpoints.glob("*.pt"), *checkpoints.glob("*.dcp")))
     if saved and resume is None:
         lock.close()
         raise RunDirError(
@@ -93,7 +95,10 @@ def claim(run_dir: Path, resume: str | None) -> IO[str] | None:
             f"{checkpoints} first)"
         )
     for orphan in checkpoints.glob(".*.tmp"):  # left by a save that was killed
-        orphan.unlink(missing_ok=True)
+        if orphan.is_dir():
+            shutil.rmtree(orphan, ignore_errors=True)  # a sharded checkpoint's folder
+        else:
+            orphan.unlink(missing_ok=True)
     return lock
 
 
@@ -160,7 +165,7 @@ def trim_metrics(path: Path, step: int) -> int:
 
 def kept(last_path: Path, best_path: Path) -> str:
     """Which checkpoints a failed run leaves, as the end of its error line."""
-    kept = [str(path) for path in (last_path, best_path) if path.is_file()]
+    kept = [str(path) for path in (last_path, best_path) if path.exists()]
     if not kept:
         return "no checkpoint had been written yet"
     return f"{' and '.join(kept)} {'is' if len(kept) == 1 else 'are'} untouched"

@@ -43,7 +43,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the backport the project depends on there
     import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
 
-from .checkpoint import CheckpointError, Interrupted
+from .checkpoint import CheckpointError, Interrupted, resolve_resume
 from .config import Config, ConfigError
 from .config_parsing import leaf_fields, load_toml, to_toml
 from .data import DataError
@@ -191,7 +191,7 @@ def run_sweep(spec: Spec) -> Any:
         # values, and the same user attributes) reuses its run dir, and resumes there.
         run_dir = trial.user_attrs.get("run_dir") or str(out / f"trial-{trial.number:04d}")
         trial.set_user_attr("run_dir", run_dir)
-        saved = (Path(run_dir) / "checkpoints" / "last.pt").is_file()
+        saved = resolve_resume("auto", Path(run_dir)) is not None  # last.pt or last.dcp
         config = Config.from_flat(
             {**fixed, **params, "run_dir": run_dir, "resume": "auto" if saved else None}
         )

@@ -28,12 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 from tqdm import tqdm
 
-from . import checkpoint, distributed, rundir, utils
+from . import checkpoint, distributed, parallel, rundir, sharded_checkpoint, utils
 from .checkpoint import Interrupted, SaveError
 from .config import Config, ConfigError, parse_config
 from .data import ResumableSampler, shard
@@ -77,8 +75,11 @@ def train(
         )
         utils.set_tf32(config.speed.tf32)  # only CUDA kernels on Ampere or newer read it
         run_dir = Path(config.run.run_dir)
-        last_path = run_dir / "checkpoints" / "last.pt"
-        best_path = run_dir / "checkpoints" / "best.pt"
+        # An FSDP run writes sharded checkpoint folders (sharded_checkpoint.py), others files.
+        sharded = config.speed.parallel == "fsdp"
+        suffix = sharded_checkpoint.SUFFIX if sharded else ".pt"
+        last_path = run_dir / "checkpoints" / f"last{suffix}"
+        best_path = run_dir / "checkpoints" / f"best{suffix}"
         log = rundir.log if ctx.is_main else _silent
         # Before any work: lock the run dir, prove it is writable, refuse to overwrite a run.
         lock = rundir.claim_on_rank_zero(run_dir, config.run.resume, ctx.is_main, device)
@@ -135,6 +136,11 @@ def train(
 
         # ---- model --------------------------------------------------------------------------
         raw_model = build_model_for(config, info).to(device)
+        # FLOPs counted once (on a meta copy of the model, before FSDP adds its hooks), peaks
+        # measured once: two divisions per log line (mfu.py).
+        utilization = task.utilization(raw_model, config, info, device, ctx.is_main)
+        if utilization.reason:
+            log(f"no MFU in metrics.jsonl: {utilization.reason}")
         # Compile after .to(device); "auto" compiles only on CUDA, where it pays off quickly.
         compile_on = config.speed.compile == "on" or (
             config.speed.compile == "auto" and device.type == "cuda"
@@ -142,11 +148,14 @@ def train(
         compiled = utils.maybe_compile(
             raw_model, compile_on, config.speed.compile_mode, config.speed.compile_backend
         )
-        model: nn.Module = compiled
-        if ctx.enabled:
-            model = DistributedDataParallel(
-                compiled, device_ids=[device.index] if device.type == "cuda" else None
-            )
+        # Under torchrun: DDP around it, or FSDP2 sharding it in place (parallel.py).
+        model = parallel.wrap(
+            compiled,
+            config.speed.parallel,
+            device=device,
+            precision=config.speed.precision,
+            activation_checkpointing=config.speed.activation_checkpointing,
+        )
 
         # ---- optimizer, schedule, gradient scaler -------------------------------------------
         # fused AdamW updates every parameter in a few kernels instead of several per tensor.
@@ -170,14 +179,13 @@ def train(
         if config.run.resume == "auto" and resume_path is None:
             log(f"--resume auto: no checkpoint in {last_path.parent}, starting fresh")
         if resume_path is not None:
-            state = checkpoint.load_checkpoint(resume_path, map_location=device)
+            state = checkpoint.load_checkpoint(
+                sharded_checkpoint.state_file(resume_path), map_location=device
+            )
             checkpoint.check_compatible(state, config.flat(), resume_path)
-            for target, key in (
-                (raw_model, "model"),
-                (optimizer, "optimizer"),
-                (scheduler, "scheduler"),
-                (scaler, "scaler"),
-            ):
+            # A sharded folder loads onto however many ranks this run has (resharding).
+            sharded_checkpoint.load_model_and_optimizer(resume_path, state, raw_model, optimizer)
+            for target, key in ((scheduler, "scheduler"), (scaler, "scaler")):
                 checkpoint.load_state_into(target, state[key], key, resume_path)
             # The checkpoint says where in the schedule we are; this run's flags say what the
             # schedule is (as in nanoGPT): a resumed run honours a changed --lr or --epochs.
@@ -195,11 +203,12 @@ def train(
             log(f"resumed from {resume_path}: epoch {start_epoch + 1}, step {global_step}")
 
         def snapshot(epoch: int, samples_in_epoch: int, totals: dict[str, float]) -> dict:
-            """Everything needed to continue exactly from here (model saved unwrapped)."""
+            """Everything needed to continue exactly from here (model saved unwrapped; in a
+            sharded checkpoint, model and optimizer are the shards beside this)."""
             return {
                 "format": checkpoint.FORMAT_VERSION,
-                "model": raw_model.state_dict(),
-                "optimizer": optimizer.state_dict(),
+                "model": {} if sharded else raw_model.state_dict(),
+                "optimizer": {} if sharded else optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(),
                 "scaler": scaler.state_dict(),
                 "rng": checkpoint.capture_rng_state(device),
@@ -231,7 +240,10 @@ def train(
                     step=global_step,
                 )
             failure = None
-            if ctx.is_main:
+            if sharded:  # every rank writes its shards; a failure raises on every rank
+                state, best = snapshot(epoch, samples, totals), best_path if improved else None
+                sharded_checkpoint.save(state, last_path, raw_model, optimizer, best, ctx, device)
+            elif ctx.is_main:
                 try:
                     checkpoint.save_checkpoint(snapshot(epoch, samples, totals), last_path)
                     if improved:
@@ -241,10 +253,6 @@ def train(
             if rundir.any_rank(failure is not None, device):
                 raise failure or SaveError("rank 0 could not write the checkpoint; see its message")
 
-        # FLOPs counted once, peaks measured once: two divisions per log line (mfu.py).
-        utilization = task.utilization(raw_model, config, info, device, ctx.is_main)
-        if utilization.reason:
-            log(f"no MFU in metrics.jsonl: {utilization.reason}")
         run = run_record(config.flat(), device, ctx.world_size)
         writer = MetricsWriter(
             run_dir,
@@ -263,6 +271,7 @@ def train(
             f"training on {device} x{ctx.world_size} | {samples} samples, "
             f"{steps_per_epoch} steps/epoch | workers {workers} | {config.speed.precision} | "
             f"compile {'on' if compile_on else 'off'}"
+            + (" | FSDP2" if parallel.is_sharded(raw_model) else "")
         )
 
         # ---- the loop -----------------------------------------------------------------------
@@ -295,11 +304,11 @@ def train(
                         inputs, targets = utils.to_device(next(batches), device)
                         meter.data_time += time.perf_counter() - waited
                     micro_batches.append((inputs, targets))
-                    # DDP all-reduces gradients during backward; until the last micro-batch
-                    # of the step there is nothing worth reducing.
+                    # DDP all-reduces (FSDP reduce-scatters) gradients during backward; until
+                    # the last micro-batch of the step there is nothing worth reducing.
                     no_sync = ctx.enabled and micro < accum - 1
                     with (
-                        model.no_sync() if no_sync else contextlib.nullcontext(),  # type: ignore[operator]
+                        parallel.no_sync(model) if no_sync else contextlib.nullcontext(),
                         utils.anomaly_detection(config.log.detect_anomaly),
                     ):
                         with (
@@ -392,7 +401,8 @@ def train(
             # The uncompiled model: the compiled graph was traced in training mode, and
             # inference mode plus the last, smaller validation batch would cost two more
             # compilations (per rank, different ones with uneven shards).
-            val = evaluate(raw_model, val_loader, device, config.speed.precision, task)
+            with parallel.gathered(raw_model):  # FSDP: full weights, uneven shards are fine
+                val = evaluate(raw_model, val_loader, device, config.speed.precision, task)
             train_metrics = summarize(epoch_totals)
             result = {
                 "kind": "epoch",

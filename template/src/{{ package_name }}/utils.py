@@ -681,16 +681,21 @@ def clip_gradients(
         scaler.unscale_(optimizer)
         error_if_nonfinite = False
     if max_norm is None or max_norm == math.inf:
-        return torch.nn.utils.get_total_norm(
+        norm = torch.nn.utils.get_total_norm(
             [p.grad for p in params if p.grad is not None],
             norm_type,
             error_if_nonfinite=error_if_nonfinite,
         )
-    if max_norm <= 0:
+    elif max_norm <= 0:
         raise ValueError(f"max_norm must be > 0 (or None to only measure), got {max_norm}")
-    return torch.nn.utils.clip_grad_norm_(
-        params, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite
-    )
+    else:
+        norm = torch.nn.utils.clip_grad_norm_(
+            params, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite
+        )
+    # FSDP's sharded gradients give a DTensor norm, already reduced over the ranks: the plain
+    # tensor every rank holds is the one to combine with losses and to log.
+    full_tensor = getattr(norm, "full_tensor", None)
+    return full_tensor() if full_tensor is not None else norm
 
 
 # --------------------------------------------------------------------------------------------
