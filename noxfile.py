@@ -101,16 +101,16 @@ nox.options.error_on_missing_interpreters = True
 nox.options.default_venv_backend = "uv|virtualenv"
 
 
-def _load_matrix() -> tuple[dict[str, dict[str, Any]], Any, str]:
+def _load_matrix() -> tuple[dict[str, dict[str, Any]], Any, str, list[str]]:
     """The answer matrix lives with the tests (tests/matrix.py); load it by path."""
     spec = importlib.util.spec_from_file_location("matrix", ROOT / "tests" / "matrix.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.MATRIX, module.package_name, module.SLOW_RENDER
+    return module.MATRIX, module.package_name, module.SLOW_RENDER, module.GPU_RENDERS
 
 
-MATRIX, package_name, SLOW_RENDER = _load_matrix()
+MATRIX, package_name, SLOW_RENDER, GPU_RENDERS = _load_matrix()
 
 
 class Env:
@@ -273,10 +273,11 @@ def _update_tests_on_min_copier(session: nox.Session) -> None:
 def gpu(session: nox.Session) -> None:
     """The one command a GPU machine runs: the project's GPU checks in a render, with a summary.
 
-    Renders SLOW_RENDER (`-- <entry> ...` picks others, `-- all` every one), then runs the
-    render's own `nox --no-venv -s gpu` in this interpreter: the GPU test suite, compiled
-    training (default and reduce-overhead), deterministic + compile, torchrun DDP with fp16 and
-    accumulation, the profiler and `benchmark --quick`, then that session's summary table.
+    Renders GPU_RENDERS, one per task (`-- <entry> ...` picks others, `-- all` every one),
+    then runs each render's own `nox --no-venv -s gpu` in this interpreter: the GPU test
+    suite, compiled training (default and reduce-overhead), deterministic + compile, torchrun
+    DDP with fp16 and accumulation, the profiler and `benchmark --quick`, then that session's
+    summary table.
     Without a GPU it skips; with a GPU that torch cannot use it fails, saying why.
     """
     # Exit 1 when a GPU is there but torch cannot use it. run_path: running the file itself
@@ -291,7 +292,7 @@ def gpu(session: nox.Session) -> None:
     if session.posargs == ["all"]:
         chosen = MATRIX
     else:
-        chosen = _selected(session) if session.posargs else {SLOW_RENDER: MATRIX[SLOW_RENDER]}
+        chosen = _selected(session) if session.posargs else {n: MATRIX[n] for n in GPU_RENDERS}
     results = {}
     for name, answers in chosen.items():
         project = _render(session, BUILD / "gpu" / name, answers)

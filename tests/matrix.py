@@ -63,6 +63,15 @@ PARTIAL_SUITES: dict[str, list[str]] = {
     "py313-none-cnn": ["tests/test_trackers.py", "tests/test_config.py", "tests/test_smoke.py"],
 }
 
+# Slow tests that only a render with other answers has: the language model's (it learns below
+# a bigram; FSDP2 and resharding with the transformer on two ranks) run in the LM render too.
+SLOW_FILES: dict[str, list[str]] = {
+    "py312-bsd-lm": ["tests/test_language_model.py", "tests/test_parallel_processes.py"],
+}
+
+# `nox -s gpu` checks these renders by default: one per task.
+GPU_RENDERS = [SLOW_RENDER, "py312-bsd-lm"]
+
 
 def package_name(answers: dict[str, Any]) -> str:
     """The package name copier derives from the project name (no answer overrides it here)."""

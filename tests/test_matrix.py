@@ -2,8 +2,9 @@
 
 Each project is pip-installed (editable, no dependencies: the one shared environment already
 has torch and the rest) under its own distribution and package name, so all of them coexist.
-The `slow` tests run in one render only (see matrix.SLOW_RENDER), and renders whose answers
-change no code path another render runs only their answer-specific files (matrix.PARTIAL_SUITES).
+The `slow` tests run in one render only (see matrix.SLOW_RENDER) and, for slow tests only
+another render has, there too (matrix.SLOW_FILES); renders whose answers change no code path
+another render runs only their answer-specific files (matrix.PARTIAL_SUITES).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import sys
 
 import pytest
 
-from helpers import check_project, pip_install_editable, run
-from matrix import MATRIX, PARTIAL_SUITES, SLOW_RENDER, package_name
+from helpers import check_project, pip_install_editable, run, run_project_suite
+from matrix import MATRIX, PARTIAL_SUITES, SLOW_FILES, SLOW_RENDER, package_name
 
 pytestmark = pytest.mark.matrix
 
@@ -29,6 +30,8 @@ def test_installs_and_passes_its_cpu_suite(rendered, name):
         python_version=python_version,
         tests=PARTIAL_SUITES.get(name, []),
     )
+    if name in SLOW_FILES:  # the slow tests only this render has
+        run_project_suite(rendered[name], *SLOW_FILES[name], markers="not gpu and slow")
 
 
 @pytest.mark.parametrize("name", list(MATRIX))
