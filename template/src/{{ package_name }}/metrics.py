@@ -211,3 +211,10 @@ def _git_state(folder: Path) -> tuple[str | None, bool | None]:
         return None, None
     status = git("status", "--porcelain", "--untracked-files=no")
     return commit, None if status is None else bool(status)
+
+
+def peak_memory(device: torch.device) -> dict[str, float]:
+    """The most memory the run's tensors held on a CUDA device so far (nothing elsewhere)."""
+    if device.type != "cuda":
+        return {}
+    return {"peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30}

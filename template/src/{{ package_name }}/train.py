@@ -35,7 +35,7 @@ from . import checkpoint, distributed, parallel, rundir, sharded_checkpoint, uti
 from .checkpoint import Interrupted, SaveError
 from .config import Config, ConfigError, parse_config
 from .data import ResumableSampler, shard
-from .metrics import Meter, MetricsWriter, add_totals, run_record, summarize
+from .metrics import Meter, MetricsWriter, add_totals, peak_memory, run_record, summarize
 from .task import blow_up_error, build_model_for, cross_entropy, evaluate, task_for
 
 
@@ -377,7 +377,7 @@ def train(
                         "step": global_step,
                         **summarize(totals),
                         "lr": optimizer.param_groups[0]["lr"],
-                        **_memory(device),
+                        **peak_memory(device),
                     }
                     record.update(utilization.record(record["samples_per_s"] / ctx.world_size))
                     record.update(task.metrics(record))
@@ -417,7 +417,7 @@ def train(
                 "samples_per_s": train_metrics["samples_per_s"],
                 "data_wait": train_metrics["data_wait"],
                 **task.metrics(train_metrics, "train_"),
-                **_memory(device),
+                **peak_memory(device),
             }
             writer.write({**result, "step": global_step})
             improved = val["val_acc"] > best_acc
@@ -480,12 +480,6 @@ def _check_precision(precision: str, device: torch.device) -> None:
         raise ConfigError("--precision bf16: this GPU has no bfloat16 support; use fp16")
     if precision == "fp16" and device.type == "mps":
         raise ConfigError("--precision fp16 needs a GradScaler, which MPS lacks; use bf16")
-
-
-def _memory(device: torch.device) -> dict[str, float]:
-    if device.type != "cuda":
-        return {}
-    return {"peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30}
 
 
 def _silent(*args: object, **kwargs: object) -> None:
