@@ -244,7 +244,7 @@ def tests(session: nox.Session) -> None:
     # copier), so two run side by side on CI's two cores. Each module runs whole on one worker
     # (its fixtures are built once); tests/conftest.py gives each worker its own renders.
     # The slowest tests in the log: CI time is a budget (under 20 minutes on 2 cores).
-    parallel = ["-n", "2", "--dist", "loadfile"]
+    parallel = ["-n", "2", "--dist", "loadfile", "--no-loadscope-reorder"]
     _run(session, "-m", "pytest", *parallel, "--durations=15", *session.posargs)
     if not session.posargs:  # the whole suite: the update tests once more, on the oldest copier
         _update_tests_on_min_copier(session)

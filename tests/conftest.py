@@ -38,6 +38,29 @@ def rendered() -> dict[str, Path]:
     return {name: render(folder / name, answers) for name, answers in MATRIX.items()}
 
 
+# The longest modules first, so two xdist workers finish together (a module runs whole on one
+# worker; `nox -s tests` passes --no-loadscope-reorder so this order is kept). Seconds on the
+# CI machine, roughly: the slow render ~400, package mutations ~400, the other renders ~250,
+# the update tests ~250, docs ~120, utils mutations ~140, real edits ~70.
+LONGEST_FIRST = [
+    "test_matrix_slow",
+    "test_package_mutations",
+    "test_matrix",
+    "test_update",
+    "test_utils_mutations",
+    "test_docs",
+    "test_update_real_edits",
+]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        module = item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+        return LONGEST_FIRST.index(module) if module in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the order within a module is kept
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """On an xdist worker: hand the kill rates to the controller, which prints the summary."""
     output = getattr(session.config, "workeroutput", None)

@@ -150,13 +150,13 @@ MUTATIONS = [
     # 7. Gradient clipping
     Mutation(
         "clip-returns-post-clip-norm",
-        "    return torch.nn.utils.clip_grad_norm_(\n"
-        "        params, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite\n"
-        "    )\n",
-        "    torch.nn.utils.clip_grad_norm_(\n"
-        "        params, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite\n"
-        "    )\n"
-        "    return torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)\n",
+        "        norm = torch.nn.utils.clip_grad_norm_(\n"
+        "            params, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite\n"
+        "        )\n",
+        "        torch.nn.utils.clip_grad_norm_(\n"
+        "            params, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite\n"
+        "        )\n"
+        "        norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)\n",
         "test_utils_clip.py",
     ),
     Mutation(

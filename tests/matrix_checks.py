@@ -1,0 +1,43 @@
+"""What the matrix asks of one render (tests/test_matrix.py, tests/test_matrix_slow.py): it
+installs, its CPU suite passes, and it trains one epoch from outside its own folder.
+
+The slow render has a module of its own so that pytest-xdist, which keeps a module on one
+worker, runs its long suite beside the other renders instead of after them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from pathlib import Path
+
+from helpers import check_project, pip_install_editable, run, run_project_suite
+from matrix import MATRIX, PARTIAL_SUITES, SLOW_FILES, SLOW_RENDER, package_name
+
+
+def installs_and_passes_its_cpu_suite(project: Path, name: str) -> None:
+    check_project(
+        project,
+        slow=name == SLOW_RENDER,
+        python_version=MATRIX[name]["python_version"],
+        tests=PARTIAL_SUITES.get(name, []),
+    )
+    if name in SLOW_FILES:  # the slow tests only this render has
+        run_project_suite(project, *SLOW_FILES[name], markers="not gpu and slow")
+
+
+def trains_one_epoch(project: Path, name: str, tmp_path: Path) -> None:
+    # Installed by the suite's check; installing again is cheap and keeps this one standalone.
+    pip_install_editable(project, python_version=MATRIX[name]["python_version"])
+    package = package_name(MATRIX[name])
+    small = ["--train-samples", "1024", "--val-samples", "256"]  # one epoch, in seconds
+    command = [sys.executable, "-m", f"{package}.train", "--epochs", "1", *small]
+    # Run from a scratch folder, not the project: the installed package must be what imports.
+    # A tracker answer logs for real, on this machine: W&B offline, MLflow in a local store.
+    local = {"WANDB_MODE": "offline", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'ml.db'}"}
+    result = run([*command, "--run-dir", tmp_path / "run"], tmp_path, env=local)
+    output = result.stdout + result.stderr
+    losses = [float(x) for x in re.findall(r"loss\W{1,3}(-?\d+\.\d+(?:e-?\d+)?)", output, re.I)]
+    assert losses, f"no loss printed:\n{output[-2000:]}"
+    assert all(math.isfinite(loss) for loss in losses)
