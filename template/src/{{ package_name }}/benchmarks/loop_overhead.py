@@ -27,6 +27,7 @@ from .timing import (
     fmt_timing,
     make_optimizer,
     quartiles,
+    train_loader,
 )
 
 Stamp = tuple[float, float]  # (wall clock, this process's CPU time) after an optimizer step
@@ -74,14 +75,7 @@ def section_loop_overhead(ctx: Context) -> dict[str, Any]:
     def bare_loop() -> tuple[Callable[[int], list[Stamp]], Iterator[Any]]:
         """A fresh bare run: `run(n)` does its next n steps."""
         utils.seed_everything(config.run.seed)
-        loader = utils.build_dataloader(
-            train_set,
-            batch_size=config.optim.batch_size,
-            train=True,
-            num_workers=workers,
-            generator=torch.Generator().manual_seed(config.run.seed),
-            device=ctx.device,
-        )
+        loader = train_loader(ctx, train_set, workers)
         model = build_model_for(config, ctx.info).to(ctx.device)
         model.train()
         optimizer = make_optimizer(model, config, ctx.device)

@@ -17,20 +17,14 @@ from .timing import (
     fresh_model,
     make_step,
     measure_many,
+    train_loader,
 )
 
 
 def section_pin_memory(ctx: Context) -> dict[str, Any]:
     if ctx.device.type != "cuda":
         raise Skip("no accelerator" if ctx.device.type == "cpu" else "pin_memory is for CUDA")
-    loader = utils.build_dataloader(
-        ctx.train_set,
-        batch_size=ctx.config.optim.batch_size,
-        train=True,
-        num_workers=0,
-        generator=torch.Generator().manual_seed(ctx.config.run.seed),
-        device=ctx.device,
-    )
+    loader = train_loader(ctx, ctx.train_set, 0)
     pinned = tuple(next(iter(loader)))
     if not all(t.is_pinned() for t in pinned):
         raise Skip("build_dataloader did not pin the batch for this device")

@@ -55,6 +55,18 @@ class Context:
     results: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
+def train_loader(ctx: Context, train_set: Dataset[Any], workers: int) -> DataLoader[Any]:
+    """The training DataLoader train.py builds, for the sections that time or feed it."""
+    return utils.build_dataloader(
+        train_set,
+        batch_size=ctx.config.optim.batch_size,
+        train=True,
+        num_workers=workers,
+        generator=torch.Generator().manual_seed(ctx.config.run.seed),
+        device=ctx.device,
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # Timing: interleaved rounds, medians, ratios with their spread
 # --------------------------------------------------------------------------------------------

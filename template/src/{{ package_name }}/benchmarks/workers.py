@@ -8,11 +8,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .. import utils
 from ..data import build_datasets
-from .timing import Context, Skip, endless, fmt_timing, measure, quartiles
+from .timing import Context, Skip, endless, fmt_timing, measure, quartiles, train_loader
 
 
 def write_image_folder(root: Path, *, classes: int, total: int, size: int) -> None:
@@ -74,14 +72,7 @@ def section_workers(ctx: Context) -> dict[str, Any]:
         candidates = sorted({0, *(n for n in (1, 2, 4, 8, 16, 32) if n <= cpus), cpus, auto})
         rows = []
         for workers in candidates:
-            loader = utils.build_dataloader(
-                train_set,
-                batch_size=config.optim.batch_size,
-                train=True,
-                num_workers=workers,
-                generator=torch.Generator().manual_seed(config.run.seed),
-                device=ctx.device,
-            )
+            loader = train_loader(ctx, train_set, workers)
             batches = endless(loader)
             # Worker start-up and the first prefetched batches are paid once per run (the
             # workers persist), so the steady rate is what is compared.
