@@ -29,7 +29,7 @@ from . import (
 from .report import busy_note, describe_machine, load_average, print_section, write_chart
 from .timing import MIN_RUNS, Context, Skip
 
-SCHEMA_VERSION = 2  # of benchmark.json; see CHANGELOG.md for what changed
+SCHEMA_VERSION = 3  # of benchmark.json; see CHANGELOG.md for what changed
 
 # Section number: (key in benchmark.json, title, function). Numbers and keys are stable.
 SECTIONS: dict[int, tuple[str, str]] = {
@@ -96,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--loop-steps",
         type=int,
         default=argparse.SUPPRESS,
-        help="measured steps per loop in section 6 (default 8 quick, 40 otherwise)",
+        help="timed steps per block in section 6, which times 2 blocks with --quick, 5 otherwise (default 8 quick, 40 otherwise)",
     )
 
 

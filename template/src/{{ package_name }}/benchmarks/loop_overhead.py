@@ -1,4 +1,12 @@
-"""6. The real training loop (`train.train`) versus a bare loop over the same model and data."""
+"""6. The real training loop (`train.train`) versus a bare loop over the same model and data.
+
+The two run in lockstep, one step each in turn: after each of train()'s optimizer steps its
+`on_step` hook times that step and then runs the bare loop's step of the same number. Both
+sides of every pair see the same moment of the machine. Timing whole runs one after the
+other (in alternating rounds) was not enough here: on a shared 2-CPU machine the ratio of
+three such benchmark runs read 0.95, 1.05 and 1.31, each with a tight spread of its own,
+while the lockstep ratio of three runs read 1.003, 0.996 and 1.003.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +17,6 @@ import math
 import shutil
 import statistics
 import time
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -30,34 +37,37 @@ from .timing import (
     train_loader,
 )
 
-Stamp = tuple[float, float]  # (wall clock, this process's CPU time) after an optimizer step
+Stamp = tuple[float, float]  # (wall clock, this process's CPU time)
 
 
 def stamp() -> Stamp:
     return time.perf_counter(), time.process_time()
 
 
-def step_intervals(stamps: list[Stamp], skip: int) -> list[Stamp]:
-    """Per-step (wall, CPU) durations, leaving out the first `skip` steps (warm-up)."""
-    pairs = zip(stamps[skip:], stamps[skip + 1 :], strict=False)
-    return [(b[0] - a[0], b[1] - a[1]) for a, b in pairs]
+def since(start: Stamp) -> Stamp:
+    now = stamp()
+    return now[0] - start[0], now[1] - start[1]
 
 
 def section_loop_overhead(ctx: Context) -> dict[str, Any]:
     from ..train import lr_factor, train
 
     warmup = 3
-    total_steps = ctx.loop_steps + warmup + 1
+    rounds = 2 if ctx.quick else max(2, ctx.min_runs)
+    wanted = warmup + 1 + rounds * ctx.loop_steps
     config = ctx.config
     train_set = ctx.train_set
     steps_per_epoch = len(train_set) // config.optim.batch_size // config.optim.grad_accum_steps  # type: ignore[arg-type]
     if steps_per_epoch < 1:
         raise Skip("the training set is smaller than one optimizer step")
+    # One step after each epoch's end is not timed (see `on_step`): that many more steps.
+    total_steps = wanted + wanted // steps_per_epoch + 1
+    epoch_steps = min(total_steps, steps_per_epoch)
     run_dir = ctx.out / "loop-run"
     loop_config = config.replace(
         compile="off",
-        epochs=math.ceil(total_steps / steps_per_epoch),
-        max_steps_per_epoch=min(total_steps, steps_per_epoch),
+        epochs=math.ceil(total_steps / epoch_steps),
+        max_steps_per_epoch=epoch_steps,
         run_dir=str(run_dir),
         resume=None,
         progress=False,
@@ -67,101 +77,82 @@ def section_loop_overhead(ctx: Context) -> dict[str, Any]:
     # The bare loop: same initial weights, same data and loader settings, same precision,
     # clipping and learning-rate schedule (a different schedule gives different weights, and
     # on a CPU the values can change the speed), no logging, metrics or checkpoints.
-    schedule_steps = loop_config.optim.epochs * (
-        loop_config.optim.max_steps_per_epoch or steps_per_epoch
-    )
+    schedule_steps = loop_config.optim.epochs * epoch_steps
     workers = utils.resolve_num_workers(config.data.num_workers, in_memory=True)
+    utils.seed_everything(config.run.seed)
+    loader = train_loader(ctx, train_set, workers)
+    model = build_model_for(config, ctx.info).to(ctx.device)
+    model.train()
+    optimizer = make_optimizer(model, config, ctx.device)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        functools.partial(lr_factor, warmup=config.optim.warmup_steps, total=schedule_steps),
+    )
+    scaler = utils.make_grad_scaler(ctx.device, config.speed.precision)
+    batches = endless(loader)
 
-    def bare_loop() -> tuple[Callable[[int], list[Stamp]], Iterator[Any]]:
-        """A fresh bare run: `run(n)` does its next n steps."""
-        utils.seed_everything(config.run.seed)
-        loader = train_loader(ctx, train_set, workers)
-        model = build_model_for(config, ctx.info).to(ctx.device)
-        model.train()
-        optimizer = make_optimizer(model, config, ctx.device)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer,
-            functools.partial(lr_factor, warmup=config.optim.warmup_steps, total=schedule_steps),
-        )
-        scaler = utils.make_grad_scaler(ctx.device, config.speed.precision)
-        batches = endless(loader)
+    def bare_step() -> None:
+        for _ in range(config.optim.grad_accum_steps):
+            inputs, targets = utils.to_device(next(batches), ctx.device)
+            with utils.autocast(ctx.device, config.speed.precision):
+                logits, labels = ctx.task.outputs(model, inputs, targets)
+                loss = F.cross_entropy(logits, labels) / config.optim.grad_accum_steps
+            scaler.scale(loss).backward()
+        if config.optim.grad_clip is not None:
+            utils.clip_gradients(
+                model.parameters(), config.optim.grad_clip, scaler=scaler, optimizer=optimizer
+            )
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        utils.synchronize(ctx.device)
 
-        def run(steps: int) -> list[Stamp]:
-            stamps = [stamp()]  # the start: the first interval is the first step
-            for _ in range(steps):
-                for _ in range(config.optim.grad_accum_steps):
-                    inputs, targets = utils.to_device(next(batches), ctx.device)
-                    with utils.autocast(ctx.device, config.speed.precision):
-                        logits, labels = ctx.task.outputs(model, inputs, targets)
-                        loss = F.cross_entropy(logits, labels) / config.optim.grad_accum_steps
-                    scaler.scale(loss).backward()
-                if config.optim.grad_clip is not None:
-                    utils.clip_gradients(
-                        model.parameters(),
-                        config.optim.grad_clip,
-                        scaler=scaler,
-                        optimizer=optimizer,
-                    )
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
-                scheduler.step()
-                utils.synchronize(ctx.device)
-                stamps.append(stamp())
-            return stamps
+    # pairs[k] = (train()'s step k, the bare loop's step k): train()'s step is timed from the
+    # end of the previous pair's bare step to its own on_step call. Steps right after an
+    # epoch's end also hold its evaluation and checkpoint: left out, the figure is per step.
+    pairs: dict[int, tuple[Stamp, Stamp]] = {}
+    last: list[Stamp] = []
 
-        return run, batches
+    def on_step(step: int) -> None:
+        utils.synchronize(ctx.device)
+        loop_time = since(last[0]) if last else None
+        started = stamp()
+        bare_step()
+        bare_time = since(started)
+        if loop_time is not None and (step - 1) % epoch_steps != 0:
+            pairs[step] = (loop_time, bare_time)
+        last[:] = [stamp()]
 
-    def run_loop() -> list[Stamp]:
-        stamps: list[Stamp] = []
-
-        def on_step(_: int) -> None:
-            utils.synchronize(ctx.device)
-            stamps.append(stamp())
-
-        shutil.rmtree(run_dir, ignore_errors=True)  # a scratch run: an earlier one is not kept
+    shutil.rmtree(run_dir, ignore_errors=True)  # a scratch run: an earlier one is not kept
+    try:
         with contextlib.redirect_stdout(io.StringIO()):
             train(loop_config, on_step=on_step)
-        if len(stamps) < warmup + 3:
-            raise Skip(f"train() reported only {len(stamps)} steps")
-        return step_intervals(stamps[:total_steps], warmup)
-
-    def run_bare() -> list[Stamp]:
-        run, batches = bare_loop()
-        # train()'s first stamp comes after its step 1, the bare run's before its step 1: one
-        # more skipped interval here makes both time the same step numbers (on a CPU the
-        # step's values, which change as training goes on, can change its speed).
-        intervals = step_intervals(run(total_steps), warmup + 1)
+    finally:
         batches.close()
-        return intervals
+    steps = [step for step in sorted(pairs) if step > warmup + 1][: rounds * ctx.loop_steps]
+    timed = [pairs[step] for step in steps]
+    if len(timed) < 2 * rounds:
+        raise Skip(f"train() reported only {len(timed)} timed steps")
+    # Rounds are consecutive blocks of steps; each gives the ratio of its two medians.
+    size = len(timed) // rounds
+    timed = timed[: size * rounds]
+    blocks = [timed[index * size : (index + 1) * size] for index in range(rounds)]
+    round_medians: dict[str, list[float]] = {
+        f"{which}{kind}": [statistics.median(pair[side][part] for pair in b) for b in blocks]
+        for side, which in enumerate(("loop", "bare"))
+        for part, kind in enumerate(("", "_cpu"))
+    }
 
-    # Interleaved rounds, each a fresh run of both loops, in alternating order (bare first,
-    # then the loop first, ...): a machine that speeds up or slows down during the section
-    # biases neither side, and the spread across rounds says how far one run's ratio can be
-    # trusted. Each round's ratio is of its two median step times.
-    rounds = 2 if ctx.quick else max(2, ctx.min_runs)
-    loop_steps: list[Stamp] = []
-    bare: list[Stamp] = []
-    round_medians: dict[str, list[float]] = {"loop": [], "bare": [], "loop_cpu": [], "bare_cpu": []}
-    for index in range(rounds):
-        measured = {}
-        for which in ("bare", "loop") if index % 2 == 0 else ("loop", "bare"):
-            measured[which] = run_bare() if which == "bare" else run_loop()
-        loop_steps += measured["loop"]
-        bare += measured["bare"]
-        for which in ("loop", "bare"):
-            round_medians[which].append(statistics.median(w for w, _ in measured[which]))
-            round_medians[f"{which}_cpu"].append(statistics.median(c for _, c in measured[which]))
-
-    loop = quartiles([wall for wall, _ in loop_steps])
-    reference = quartiles([wall for wall, _ in bare])
+    loop = quartiles([loop_time[0] for loop_time, _ in timed])
+    reference = quartiles([bare_time[0] for _, bare_time in timed])
     comparison = compare_rounds(round_medians["loop"], round_medians["bare"])
     overhead = comparison["ratio"]
     # With one torch thread, CPU time per step barely moves when other programs compete for
     # the cores (wall time does): on a busy machine it is the steadier view of the loop's
     # own cost. With several threads it also counts the time they spin waiting for each other.
-    loop_cpu = quartiles([cpu for _, cpu in loop_steps])
-    bare_cpu = quartiles([cpu for _, cpu in bare])
+    loop_cpu = quartiles([loop_time[1] for loop_time, _ in timed])
+    bare_cpu = quartiles([bare_time[1] for _, bare_time in timed])
     cpu_comparison = (
         compare_rounds(round_medians["loop_cpu"], round_medians["bare_cpu"])
         if min(round_medians["bare_cpu"]) > 0
@@ -198,7 +189,9 @@ def section_loop_overhead(ctx: Context) -> dict[str, Any]:
     else:
         verdict = "spread across the 1.05 target: rerun on a quieter machine"
     return {
-        "steps": ctx.loop_steps,
+        "steps": size,
+        "pairing": "lockstep",
+        "timed_steps": steps[: size * rounds],
         "rounds": rounds,
         "workers": workers,
         "loop": as_timing(loop),
@@ -224,11 +217,11 @@ def section_loop_overhead(ctx: Context) -> dict[str, Any]:
             "rows": rows,
         },
         "notes": [
-            f"step-time ratio {overhead:.3f}, {low:.3f}-{high:.3f} across {rounds} interleaved "
-            f"rounds: {verdict}; the loop adds "
-            f"{fmt_time(loop['median'] - reference['median'])} per step ({ctx.loop_steps} "
-            f"steps per round after {warmup} warm-up, the same step numbers in both; compile "
-            f"and progress bar off in both; {workers} workers)",
+            f"step-time ratio {overhead:.3f}, {low:.3f}-{high:.3f} across {rounds} "
+            f"blocks of {size} steps: {verdict}; the loop adds "
+            f"{fmt_time(loop['median'] - reference['median'])} per step (the two loops in "
+            f"lockstep, one step each in turn, after {warmup} warm-up steps; steps after an "
+            f"epoch's end left out; compile and progress bar off in both; {workers} workers)",
             "CPU time is this process's (all its threads, not DataLoader workers); with one "
             "torch thread other programs barely move it, with several their waiting counts too",
         ],
