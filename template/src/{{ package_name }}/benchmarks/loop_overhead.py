@@ -4,8 +4,8 @@ The two run in lockstep, one step each in turn: after each of train()'s optimize
 `on_step` hook times that step and then runs the bare loop's step of the same number. Both
 sides of every pair see the same moment of the machine. Timing whole runs one after the
 other (in alternating rounds) was not enough here: on a shared 2-CPU machine the ratio of
-three such benchmark runs read 0.95, 1.05 and 1.31, each with a tight spread of its own,
-while the lockstep ratio of three runs read 1.003, 0.996 and 1.003.
+four such benchmark runs read 0.95, 1.05, 1.15 and 1.31, each with a tight spread of its
+own, while four lockstep runs read 0.994, 1.034, 1.019 and 1.015.
 """
 
 from __future__ import annotations
