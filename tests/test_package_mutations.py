@@ -247,7 +247,7 @@ MUTATIONS = [
         '"iqr": q3 - q1', '"iqr": q3 - median',
         "test_benchmark.py", "statistics_helpers"),
     bug("cpu-interval-not-a-difference", "benchmarks/loop_overhead.py",
-        "b[1] - a[1]", "b[1]",
+        "now[1] - start[1]", "now[1]",
         "test_benchmark.py", "statistics_helpers"),
     bug("ratio-of-pooled-medians-not-rounds", "benchmarks/timing.py",
         "per_round = [a / b for a, b in zip(numerator, denominator, strict=True)]",

@@ -96,7 +96,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--loop-steps",
         type=int,
         default=argparse.SUPPRESS,
-        help="timed steps per block in section 6, which times 2 blocks with --quick, 5 otherwise (default 8 quick, 40 otherwise)",
+        help="timed steps per block in section 6, which times 2 blocks with --quick and 5 "
+        "otherwise (default 8 quick, 40 otherwise)",
     )
 
 
