@@ -271,6 +271,7 @@ def train(
             f"training on {device} x{ctx.world_size} | {samples} samples, "
             f"{steps_per_epoch} steps/epoch | workers {workers} | {config.speed.precision} | "
             f"compile {'on' if compile_on else 'off'}"
+            + (" | channels-last" if config.speed.channels_last else "")
             + (" | FSDP2" if parallel.is_sharded(raw_model) else "")
         )
 

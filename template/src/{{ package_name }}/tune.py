@@ -4,9 +4,11 @@ Short trials of the real training step (`train.train`, stopped after a few steps
 settings that matter on the device, one at a time from the current choice (a greedy search):
 
 1. precision: fp32, bf16 where the device supports it, fp16 on CUDA
-2. torch.compile: off, on (default mode), and on CUDA the CUDA-graph modes where they are safe
-3. DataLoader workers: 0, 1, 2, ... for data read from disk (in-memory data keeps 0)
-4. on accelerators, the largest batch size that fits (reported, not applied: a bigger batch
+2. memory layout: channels-last or not, for a model with convolutions
+3. TF32 on or off, on CUDA when the precision is fp32
+4. torch.compile: off, on (default mode), and on CUDA the CUDA-graph modes where they are safe
+5. DataLoader workers: 0, 1, 2, ... for data read from disk (in-memory data keeps 0)
+6. on accelerators, the largest batch size that fits (reported, not applied: a bigger batch
    changes the optimisation, so it needs its own learning rate)
 
 Every comparison is timed as the benchmark times it: candidates alternate in rounds (A B, B A,
@@ -37,6 +39,9 @@ from .benchmarks.timing import compare_rounds
 from .config import Config, ConfigError, build_parser, parse_config
 from .config_parsing import to_toml
 from .task import task_for
+
+# The settings tune chooses: what `tuned.toml` holds.
+TUNED = ("precision", "channels_last", "tf32", "compile", "compile_mode", "num_workers")
 
 
 class _TrialDone(Exception):
@@ -117,9 +122,12 @@ def choose(
     report: list[str],
 ) -> tuple[Config, list[Trial]]:
     """Time `candidates` (the first is the current choice) and keep the fastest that beats
-    the current one beyond noise."""
-    medians = run_rounds(base, candidates, steps=steps, warmup=warmup, rounds=rounds)
+    the current one beyond noise. A lone candidate is kept untimed."""
     current = candidates[0]
+    if len(candidates) == 1:
+        report.append(f"{name}: kept {current.label}: {current.note or 'no alternative here'}")
+        return base.replace(**current.overrides), candidates
+    medians = run_rounds(base, candidates, steps=steps, warmup=warmup, rounds=rounds)
     best, best_ratio, why = current, None, f"kept {current.label}"
     for trial in candidates[1:]:
         if trial.note.startswith("failed") or len(medians[trial.label]) != len(
@@ -136,9 +144,8 @@ def choose(
         why = f"chose {best.label}: {best.note}, faster beyond the spread across {rounds} rounds"
     else:
         others = candidates[1:]
-        why = f"kept {current.label}: " + (
-            "; ".join(f"{t.label} {t.note or 'not faster'}" for t in others)
-            or "no alternative here"
+        why = f"kept {current.label}: " + "; ".join(
+            f"{t.label} {t.note or 'not faster'}" for t in others
         )
         if any(t.note and not t.note.startswith("failed") for t in others):
             why += " (none faster beyond noise)"
@@ -154,6 +161,36 @@ def precision_candidates(config: Config, device: torch.device) -> list[Trial]:
         available.append("bf16")  # fp16 on a CPU is slow, and MPS has no GradScaler
     ordered = [config.speed.precision, *(p for p in available if p != config.speed.precision)]
     return [Trial(p, {"precision": p}) for p in ordered]
+
+
+def layout_candidates(config: Config, info: Any) -> list[Trial]:
+    """Channels-last or not, for a model with 4-D weights (convolutions); else nothing."""
+    from .task import build_model_for
+
+    with torch.device("meta"):  # the shapes alone: no memory, no initialisation
+        model = build_model_for(config.replace(channels_last=False), info)
+    current = config.speed.channels_last
+    label = {False: "contiguous (NCHW)", True: "channels-last (NHWC)"}
+    trials = [Trial(label[current], {"channels_last": current})]
+    if not any(p.dim() == 4 for p in model.parameters()):
+        trials[0].note = "no convolutions: the layout changes nothing"
+    elif config.speed.parallel == "fsdp":
+        trials[0].note = "FSDP2 shards contiguous weights only"
+    else:
+        trials.append(Trial(label[not current], {"channels_last": not current}))
+    return trials
+
+
+def tf32_candidates(config: Config, device: torch.device) -> list[Trial]:
+    """TF32 on and off, where it does something: fp32 on a CUDA device. Its precision cost is
+    a 10-bit mantissa inside the multiply (docs/training.md, Mixed precision)."""
+    current = config.speed.tf32
+    trials = [Trial(f"tf32 {'on' if current else 'off'}", {"tf32": current})]
+    if device.type == "cuda" and config.speed.precision == "fp32":
+        trials.append(Trial(f"tf32 {'off' if current else 'on'}", {"tf32": not current}))
+    else:
+        trials[0].note = "only read by fp32 matmuls and convolutions on CUDA"
+    return trials
 
 
 def compile_candidates(config: Config, device: torch.device, quick: bool) -> list[Trial]:
@@ -213,7 +250,7 @@ def write_toml(
             rate = f"{trial.samples_per_s:.1f} samples/s" if trial.samples_per_s else "-"
             lines.append(f"#   {name:<10} {trial.label:<32} {rate:<20} {trial.note}".rstrip())
     lines += [f"# {line}" for line in extra]
-    tuned = {k: config.flat()[k] for k in ("precision", "compile", "compile_mode", "num_workers")}
+    tuned = {k: config.flat()[k] for k in TUNED}
     path.write_text("\n".join(lines) + "\n" + to_toml(tuned))
 
 
@@ -262,22 +299,24 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     tuned = start
-    for name, candidates in (
-        ("precision", precision_candidates(config, device)),
-        ("compile", compile_candidates(config, device, args.quick)),
-        ("workers", worker_candidates(config, info.in_memory)),
-    ):
+    # One setting at a time, each from the choices before it (TF32 after precision: it
+    # matters only in fp32).
+    searches = (
+        ("precision", lambda: precision_candidates(config, device)),
+        ("layout", lambda: layout_candidates(config, info)),
+        ("tf32", lambda: tf32_candidates(tuned, device)),
+        ("compile", lambda: compile_candidates(config, device, args.quick)),
+        ("workers", lambda: worker_candidates(config, info.in_memory)),
+    )
+    for name, candidates in searches:
         tuned, trials = choose(
-            tuned, name, candidates, steps=steps, warmup=warmup, rounds=rounds, report=report
+            tuned, name, candidates(), steps=steps, warmup=warmup, rounds=rounds, report=report
         )
         sections.append((name, trials))
     # Tuned against default, timed together in fresh interleaved rounds.
     final = [
         Trial("default", {}),
-        Trial(
-            "tuned",
-            {k: tuned.flat()[k] for k in ("precision", "compile", "compile_mode", "num_workers")},
-        ),
+        Trial("tuned", {k: tuned.flat()[k] for k in TUNED}),
     ]
     medians = run_rounds(start, final, steps=steps, warmup=warmup, rounds=rounds)
     sections.append(("result", final))
