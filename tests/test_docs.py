@@ -1,6 +1,7 @@
 """Keep the documentation honest: every page exists, and no command in it went unrun.
 
-Reading the pages (step 1 below) lives in tests/docs_collect.py; this file runs and checks.
+Reading the pages (step 1 below) lives in tests/docs_collect.py, running them (the drivers, the
+per-page project copies, the rewriting of commands) in tests/docs_runner.py; this file checks.
 
 How "every command shown in the docs was run by a test or by CI" is enforced
 ----------------------------------------------------------------------------
@@ -53,17 +54,14 @@ succeed, and every dotted name it takes from an imported module (`torch.cuda.Str
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -74,8 +72,6 @@ from docs_collect import (
     COVERED_BY_PROJECT_TESTS,
     NEEDS_HARDWARE,
     PACKAGE,
-    SHRINK,
-    SHRINK_BY_MODULE,
     Command,
     Page,
     Snippet,
@@ -86,14 +82,24 @@ from docs_collect import (
     nox_sessions,
     parse_page,
 )
-from helpers import ROOT, copy_template_repo, git_init_commit, render
+from docs_runner import (
+    SNIPPET_DRIVER,
+    Runner,
+    check_nox,
+    covered_by_project_tests,
+    env_prefix,
+    nox_command,
+    output_promised,
+    parse_only,
+    project_parser,
+    rewrite,
+    runs_alone,
+    start_driver,
+    touches_tracked_files_only,
+)
+from helpers import ROOT, copy_template_repo, render
 
 DOCS = ROOT / "docs"
-TEMPLATE_SOURCES = (
-    "gh:copier-pytorch/copier-pytorch",
-    "https://github.com/copier-pytorch/copier-pytorch",
-)
-
 # The pages issue 8 asks for; each must exist and be in mkdocs.yml's nav.
 REQUIRED_PAGES = [
     "index.md",
@@ -122,136 +128,6 @@ MIN_COMMANDS = 30
 SNIPPET_PAGES = ["techniques.md"]
 MIN_SNIPPETS = 14  # the techniques page: raw PyTorch and the template's call, per technique
 SNIPPET_SECONDS = 120  # per snippet; a hung DataLoader worker must not hang CI
-
-# --------------------------------------------------------------------------------------------
-# Running
-# --------------------------------------------------------------------------------------------
-
-# Runs `python -m <module> args...` steps in one process, so torch is imported once. Each
-# step gets fresh argv, its own cwd, captured output, and its signal handlers and dynamo
-# state reset afterwards.
-DRIVER = r"""
-import contextlib, io, json, os, runpy, signal, sys, time, traceback
-steps = json.loads(open(sys.argv[1]).read())
-results = []
-for step in steps:
-    os.chdir(step["cwd"])
-    start = time.perf_counter()
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    out = io.StringIO()
-    code = 0
-    sys.argv = [step["module"], *step["args"]]
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        try:
-            runpy.run_module(step["module"], run_name="__main__", alter_sys=True)
-        except SystemExit as exit:
-            code = exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-    for s, handler in saved.items():
-        signal.signal(s, handler)
-    try:
-        import torch
-        torch._dynamo.reset()
-    except Exception:
-        pass
-    seconds = time.perf_counter() - start
-    results.append({"code": code, "output": out.getvalue()[-4000:], "seconds": seconds})
-json.dump(results, sys.__stdout__)
-"""
-
-
-def _fake_image_folder(root: Path) -> None:
-    """A tiny stand-in for a dataset the docs point --data-dir at: two classes of images."""
-    from PIL import Image
-
-    for label, colour in (("cat", (200, 40, 40)), ("dog", (40, 40, 200))):
-        (root / label).mkdir(parents=True, exist_ok=True)
-        for index in range(20):
-            shade = tuple(min(255, c + 3 * index) for c in colour)
-            Image.new("RGB", (8, 8), shade).save(root / label / f"{index:04}.png")
-
-
-class Runner:
-    """Executes one page's commands in its own copy of the rendered project."""
-
-    def __init__(self, base: Path, workspace: Path, page: Page):
-        self.workspace = workspace
-        self.copies = 0
-        self.project = workspace / "my-torch-project"
-        shutil.copytree(base, self.project, ignore=shutil.ignore_patterns("__pycache__"))
-        for name, content in page.files.items():
-            target = self.project / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(content)
-        git_init_commit(self.project)  # a clean tree, as `copier update` requires
-        self.env = {**os.environ, "PYTHONPATH": str(self.project / "src")}
-        self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env['PATH']}"
-
-    def isolated(self) -> Path:
-        """A fresh copy of the project, for a command that runs beside the others."""
-        self.copies += 1
-        target = self.workspace / f"isolated{self.copies}"
-        outputs = {"runs", "profiles", "benchmarks", ".git"}  # at the top only: not the package
-        root = str(self.project)
-        shutil.copytree(
-            self.project,
-            target,
-            ignore=lambda folder, names: outputs.intersection(names) if folder == root else (),
-        )
-        return target
-
-    def module_step(self, module: str, args: list[str]) -> dict:
-        short = module.rsplit(".", 1)[-1]
-        data_dir = _flag_value(args, "--data-dir")
-        if data_dir and not (self.project / data_dir).exists():
-            _fake_image_folder(self.project / data_dir)
-        return {
-            "cwd": str(self.project),
-            "module": module,
-            "args": [*args, *SHRINK_BY_MODULE.get(short, [])],
-        }
-
-    def shell(self, words: list[str], cwd: Path, env: dict[str, str] | None = None):
-        return subprocess.run(
-            words,
-            cwd=cwd,
-            env={**self.env, **(env or {})},
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-
-
-def _flag_value(args: list[str], flag: str) -> str | None:
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-def _env_prefix(words: list[str]) -> tuple[dict[str, str], list[str]]:
-    env = {}
-    while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
-        key, value = words[0].split("=", 1)
-        env[key] = value
-        words = words[1:]
-    return env, words
-
-
-def _output_promised(command: Command, code: int, output: str) -> str | None:
-    """None when the command did what the page says, else what went wrong."""
-    flat = " ".join(output.split())
-    missing = [line for line in command.output if " ".join(line.split()) not in flat]
-    if missing:
-        return f"exited {code}; promised output not found: {missing[0]!r}\n{output[-1500:]}"
-    if code != 0 and not command.output:
-        return f"exited {code}\n{output[-1500:]}"
-    return None
-
 
 # --------------------------------------------------------------------------------------------
 # Fixtures
@@ -376,7 +252,7 @@ def test_every_command_in_the_docs_was_run(project, pages, template_repo, tmp_pa
     for call in nox_invocations(ci_run.read_text()) if ci_run.exists() else []:
         ci_sessions |= set(call or template_defaults)
     by_ci = ci_commands(project)
-    train_parser = _project_parser(project)
+    train_parser = project_parser(project)
 
     checked: list[Command] = []
     timings: list[tuple[float, str]] = []
@@ -391,7 +267,7 @@ def test_every_command_in_the_docs_was_run(project, pages, template_repo, tmp_pa
             except ValueError as error:
                 problems.append(f"{command.where()}: not valid shell ({error})")
                 continue
-            env, words = _env_prefix(words)
+            env, words = env_prefix(words)
             hardware = bool(NEEDS_HARDWARE.search(command.text))
             if command.reason is not None:
                 if command.reason not in ALLOWED_REASONS:
@@ -405,7 +281,7 @@ def test_every_command_in_the_docs_was_run(project, pages, template_repo, tmp_pa
                         "GPU or cluster: it must be run"
                     )
                 else:
-                    problems += _parse_only(command, words, train_parser)
+                    problems += parse_only(command, words, train_parser)
                     checked.append(command)
                 continue
             if hardware:
@@ -419,7 +295,7 @@ def test_every_command_in_the_docs_was_run(project, pages, template_repo, tmp_pa
                 checked.append(command)
                 continue
             if program == "nox":
-                problem = _check_nox(
+                problem = check_nox(
                     command, words, template_sessions, ci_sessions, project_sessions
                 )
                 if problem:
@@ -432,7 +308,7 @@ def test_every_command_in_the_docs_was_run(project, pages, template_repo, tmp_pa
                 if cheap and " ".join(cheap) not in already_run:
                     already_run.add(" ".join(cheap))
                     runner = runner or Runner(project, tmp_path / f"page{page_index}", page)
-                    nox = [*_nox_command(), "--no-venv", "-s", *cheap]
+                    nox = [*nox_command(), "--no-venv", "-s", *cheap]
                     later.append((command, runner, nox, env))
                 checked.append(command)
                 continue
@@ -453,7 +329,7 @@ def test_every_command_in_the_docs_was_run(project, pages, template_repo, tmp_pa
             if program == "torchrun":
                 module, args = "torch.distributed.run", words[1:]
             if module in COVERED_BY_PROJECT_TESTS:
-                problem = _covered_by_project_tests(command, module, args, project)
+                problem = covered_by_project_tests(command, module, args, project)
                 if problem:
                     problems.append(problem)
                 else:
@@ -462,7 +338,7 @@ def test_every_command_in_the_docs_was_run(project, pages, template_repo, tmp_pa
             # The same command on another page gives the same result: run it once. Not for
             # commands whose result depends on earlier ones (resume, git) or whose promised
             # output must be checked.
-            key = " ".join([*map(str, env.items()), *_rewrite(words, template_repo)])
+            key = " ".join([*map(str, env.items()), *rewrite(words, template_repo)])
             repeatable = "--resume" in words or program == "git" or command.output
             if key in already_run and not repeatable:
                 checked.append(command)
@@ -472,7 +348,7 @@ def test_every_command_in_the_docs_was_run(project, pages, template_repo, tmp_pa
             if module.startswith(PACKAGE + "."):
                 module_steps.append((command, runner.module_step(module, words[3:])))
             elif program in ("python", "grep", "ps", "copier", "torchrun", "git"):
-                later.append((command, runner, _rewrite(words, template_repo), env))
+                later.append((command, runner, rewrite(words, template_repo), env))
             else:
                 problems.append(
                     f"{command.where()}: no rule says how `{program}` is checked; "
@@ -486,22 +362,22 @@ def test_every_command_in_the_docs_was_run(project, pages, template_repo, tmp_pa
     # git (they touch only tracked files), and commands that name no run output, each in a
     # copy of its own. The rest run after the worker, since they may read its output
     # (metrics, checkpoints); nothing a module command needs comes from a shell command.
-    driver = _start_driver(project, [step for _, step in module_steps])
-    independent = [item for item in later if _independent(item)]
-    for item in [*independent, None, *(i for i in later if not _independent(i))]:
+    driver = start_driver(project, [step for _, step in module_steps])
+    independent = [item for item in later if runs_alone(item)]
+    for item in [*independent, None, *(i for i in later if not runs_alone(i))]:
         if item is None:
             output, errors = driver.communicate(timeout=900)
             assert driver.returncode == 0, f"docs driver crashed:\n{errors[-3000:]}"
             results = json.loads(output)
             for (command, _), result in zip(module_steps, results, strict=True):
                 timings.append((result["seconds"], command.where()))
-                problem = _output_promised(command, result["code"], result["output"])
+                problem = output_promised(command, result["code"], result["output"])
                 if problem:
                     problems.append(f"{command.where()}: {problem}")
             continue
         command, runner, words, env = item
         cwd = runner.project
-        if _independent(item) and not _touches_tracked_files_only(words):
+        if runs_alone(item) and not touches_tracked_files_only(words):
             cwd = runner.isolated()
         if words[:4] == [sys.executable, "-m", "copier", "copy"]:
             cwd = runner.workspace / "scratch"  # not over the example project
@@ -512,7 +388,7 @@ def test_every_command_in_the_docs_was_run(project, pages, template_repo, tmp_pa
         code = result.returncode
         if words[0] == "grep" and code == 1:
             code = 0  # no match is an answer, not a failure
-        problem = _output_promised(command, code, result.stdout + result.stderr)
+        problem = output_promised(command, code, result.stdout + result.stderr)
         if problem:
             problems.append(f"{command.where()}: {problem}")
 
@@ -528,133 +404,6 @@ def test_every_command_in_the_docs_was_run(project, pages, template_repo, tmp_pa
     for seconds, where in sorted(timings, reverse=True)[:10]:
         print(f"{seconds:6.1f} s  {where}")  # shown with -s or on failure: where the time goes
     assert not problems, "\n\n".join(problems)
-
-
-def _nox_command() -> list[str]:
-    """nox from this environment, else the one on PATH (CI installs nox outside the session's
-    environment, whose bin folder nox puts first on PATH, so --no-venv finds torch there)."""
-    if importlib.util.find_spec("nox") is not None:
-        return [sys.executable, "-m", "nox"]
-    found = shutil.which("nox")
-    assert found, "nox is neither importable here nor on PATH"
-    return [found]
-
-
-def _start_driver(project: Path, steps: list[dict]) -> subprocess.Popen[str]:
-    plan = project.parent / "driver-steps.json"
-    plan.write_text(json.dumps(steps))
-    return subprocess.Popen(
-        [sys.executable, "-c", DRIVER, str(plan)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=project,
-        env={**os.environ, "PYTHONPATH": str(project / "src")},
-        text=True,
-    )
-
-
-RUN_OUTPUTS = re.compile(r"runs/|metrics\.jsonl|checkpoints|profiles|benchmarks|--resume")
-
-
-def _touches_tracked_files_only(words: list[str]) -> bool:
-    return words[:3] == [sys.executable, "-m", "copier"] or words[:1] == ["git"]
-
-
-def _independent(item: tuple[Command, Runner, list[str], dict[str, str]]) -> bool:
-    command, _, words, _ = item
-    return _touches_tracked_files_only(words) or not RUN_OUTPUTS.search(command.text)
-
-
-def _rewrite(words: list[str], template_repo: Path) -> list[str]:
-    """The command as it is executed here (see the module docstring)."""
-    if words[0] == "python":
-        return [sys.executable, *words[1:]]
-    if words[0] == "torchrun":
-        shrink = SHRINK if any(w.endswith(".train") for w in words) else []
-        return [sys.executable, "-m", "torch.distributed.run", *words[1:], *shrink]
-    if words[:2] == ["git", "commit"]:
-        # A page's commit follows its `copier update`, which here updates to the same commit
-        # and so changes nothing: the commit must not fail for having nothing to commit.
-        return [*words[:2], "--allow-empty", *words[2:]]
-    if words[0] == "copier":
-        words = [str(template_repo) if w in TEMPLATE_SOURCES else w for w in words]
-        extra = [] if "--defaults" in words or words[1] == "check-update" else ["--defaults"]
-        if words[1] in ("copy", "update") and not any(w.startswith("--vcs-ref") for w in words):
-            extra += ["--vcs-ref", "HEAD"]
-        return [sys.executable, "-m", "copier", words[1], *extra, *words[2:]]
-    return words
-
-
-def _covered_by_project_tests(
-    command: Command, module: str, args: list[str], project: Path
-) -> str | None:
-    """A command too slow to run here (a benchmark takes minutes, torchrun three processes)
-    counts as run when a test of the generated project, which the render matrix runs in CI,
-    calls the same module with every flag the docs show (values such as paths may differ)."""
-    name = module.rsplit(".", 1)[-1]
-    flags = {arg.split("=", 1)[0] for arg in args if arg.startswith("--")}
-    for test in sorted((project / "tests").rglob("test_*.py")):
-        source = test.read_text()
-        if f"{name}.main(" not in source and module not in source:
-            continue
-        if all(re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", source) for flag in flags):
-            return None
-    return (
-        f"{command.where()}: no test of the generated project runs {module} with "
-        f"{sorted(flags)}; add one, or show flags that a test uses"
-    )
-
-
-def _project_parser(project: Path):
-    """The generated project's real training parser, for commands that are only parsed:
-    `parse_args(argv)` parses and validates as `train` does (SystemExit when it refuses)."""
-    sys.path.insert(0, str(project / "src"))
-    try:
-        from my_torch_project.config import parse_config  # type: ignore[import-not-found]
-    finally:
-        sys.path.remove(str(project / "src"))
-    return SimpleNamespace(parse_args=lambda argv: parse_config(argv, description="train"))
-
-
-def _parse_only(command: Command, words: list[str], train_parser) -> list[str]:
-    """Check a marked command's arguments with the real parsers (torchrun's and the project's)."""
-    if words[:1] == ["srun"]:
-        words = words[1:]
-    module_args: list[str] | None = None
-    if words[:1] == ["torchrun"]:
-        from torch.distributed.run import get_args_parser
-
-        try:
-            args = get_args_parser().parse_args(words[1:])
-        except SystemExit:
-            return [f"{command.where()}: torchrun does not accept these arguments"]
-        if args.module and args.training_script == f"{PACKAGE}.train":
-            module_args = args.training_script_args
-    elif words[:3] == ["python", "-m", f"{PACKAGE}.train"]:
-        module_args = words[3:]
-    if module_args is not None:
-        try:
-            train_parser.parse_args(module_args)
-        except SystemExit:
-            return [f"{command.where()}: the training script rejects these flags"]
-    return []
-
-
-def _check_nox(command, words, template_sessions, ci_sessions, project_sessions) -> str | None:
-    sessions = _session_args(words)
-    if not sessions:
-        return f"{command.where()}: name the sessions (`nox -s NAME`) so they can be checked"
-    for session in sessions:
-        in_template = session in template_sessions and session in ci_sessions
-        in_project = session in project_sessions and (
-            session in CHEAP_PROJECT_SESSIONS or session == "tests"
-        )
-        if not (in_template or in_project):
-            return (
-                f"{command.where()}: session {session!r} is not a session that .ci/run runs "
-                "(template) nor a session of the generated noxfile"
-            )
-    return None
 
 
 def test_the_site_builds_in_strict_mode(tmp_path):
@@ -706,75 +455,6 @@ def test_every_copier_question_is_documented_with_its_default_and_choices():
 # --------------------------------------------------------------------------------------------
 # Python snippets
 # --------------------------------------------------------------------------------------------
-
-# Imports torch and the project's package once, then forks one child per snippet: each child
-# starts from that state (no RNG, determinism or anomaly setting left over by another snippet)
-# and pays only for its own work. Nothing has run in the parent, so no thread pool is forked.
-SNIPPET_DRIVER = r"""
-import ast, json, os, signal, sys, time, traceback, types
-import torch
-import my_torch_project.utils
-
-def dotted(node):
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    return [node.id, *reversed(parts)] if isinstance(node, ast.Name) else None
-
-def trace(code, name):
-    tree = ast.parse(code, name)
-    compile(tree, name, "exec")
-    namespace = {"__name__": "__traced__"}
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            exec(compile(ast.Module([node], []), name, "exec"), namespace)
-    for node in ast.walk(tree):
-        chain = dotted(node) if isinstance(node, ast.Attribute) else None
-        if chain and isinstance(namespace.get(chain[0]), types.ModuleType):
-            value = namespace[chain[0]]
-            for index, part in enumerate(chain[1:], 1):
-                if not hasattr(value, part):
-                    missing = ".".join(chain[: index + 1])
-                    raise AttributeError(f"line {node.lineno}: {missing} does not exist")
-                value = getattr(value, part)
-
-snippets = json.load(open(sys.argv[1]))
-results = []
-for snippet in snippets:
-    os.makedirs(snippet["cwd"], exist_ok=True)
-    output = os.path.join(snippet["cwd"], "output.txt")
-    start = time.perf_counter()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.chdir(snippet["cwd"])
-            fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
-            signal.alarm(snippet["limit"])
-            if snippet["trace"]:
-                trace(snippet["code"], snippet["name"])
-            else:
-                exec(compile(snippet["code"], snippet["name"], "exec"), {"__name__": "__main__"})
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    with open(output) as file:
-        text = file.read()
-    results.append({
-        "code": os.waitstatus_to_exitcode(status),
-        "output": text[-3000:],
-        "seconds": time.perf_counter() - start,
-    })
-json.dump(results, sys.stdout)
-"""
 
 
 def _snippets() -> list[Snippet]:

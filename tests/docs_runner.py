@@ -1,0 +1,358 @@
+"""Running the commands and snippets the docs show (tests/test_docs.py says which and why).
+
+The driver runs `python -m <module>` steps in one process (torch imported once); `Runner`
+gives each page its own copy of the rendered project; `rewrite` turns a page's command into
+the one executed here; the snippet driver forks one child per ```python snippet. The tests
+that use them, and the rules, are in tests/test_docs.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+from docs_collect import (
+    CHEAP_PROJECT_SESSIONS,
+    PACKAGE,
+    SHRINK,
+    SHRINK_BY_MODULE,
+    Command,
+    Page,
+    _session_args,
+)
+from helpers import git_init_commit
+
+TEMPLATE_SOURCES = (
+    "gh:copier-pytorch/copier-pytorch",
+    "https://github.com/copier-pytorch/copier-pytorch",
+)
+
+
+# Runs `python -m <module> args...` steps in one process, so torch is imported once. Each
+# step gets fresh argv, its own cwd, captured output, and its signal handlers and dynamo
+# state reset afterwards.
+DRIVER = r"""
+import contextlib, io, json, os, runpy, signal, sys, time, traceback
+steps = json.loads(open(sys.argv[1]).read())
+results = []
+for step in steps:
+    os.chdir(step["cwd"])
+    start = time.perf_counter()
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    out = io.StringIO()
+    code = 0
+    sys.argv = [step["module"], *step["args"]]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            runpy.run_module(step["module"], run_name="__main__", alter_sys=True)
+        except SystemExit as exit:
+            code = exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+    try:
+        import torch
+        torch._dynamo.reset()
+    except Exception:
+        pass
+    seconds = time.perf_counter() - start
+    results.append({"code": code, "output": out.getvalue()[-4000:], "seconds": seconds})
+json.dump(results, sys.__stdout__)
+"""
+
+
+def fake_image_folder(root: Path) -> None:
+    """A tiny stand-in for a dataset the docs point --data-dir at: two classes of images."""
+    from PIL import Image
+
+    for label, colour in (("cat", (200, 40, 40)), ("dog", (40, 40, 200))):
+        (root / label).mkdir(parents=True, exist_ok=True)
+        for index in range(20):
+            shade = tuple(min(255, c + 3 * index) for c in colour)
+            Image.new("RGB", (8, 8), shade).save(root / label / f"{index:04}.png")
+
+
+class Runner:
+    """Executes one page's commands in its own copy of the rendered project."""
+
+    def __init__(self, base: Path, workspace: Path, page: Page):
+        self.workspace = workspace
+        self.copies = 0
+        self.project = workspace / "my-torch-project"
+        shutil.copytree(base, self.project, ignore=shutil.ignore_patterns("__pycache__"))
+        for name, content in page.files.items():
+            target = self.project / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content)
+        git_init_commit(self.project)  # a clean tree, as `copier update` requires
+        self.env = {**os.environ, "PYTHONPATH": str(self.project / "src")}
+        self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env['PATH']}"
+
+    def isolated(self) -> Path:
+        """A fresh copy of the project, for a command that runs beside the others."""
+        self.copies += 1
+        target = self.workspace / f"isolated{self.copies}"
+        outputs = {"runs", "profiles", "benchmarks", ".git"}  # at the top only: not the package
+        root = str(self.project)
+        shutil.copytree(
+            self.project,
+            target,
+            ignore=lambda folder, names: outputs.intersection(names) if folder == root else (),
+        )
+        return target
+
+    def module_step(self, module: str, args: list[str]) -> dict:
+        short = module.rsplit(".", 1)[-1]
+        data_dir = flag_value(args, "--data-dir")
+        if data_dir and not (self.project / data_dir).exists():
+            fake_image_folder(self.project / data_dir)
+        return {
+            "cwd": str(self.project),
+            "module": module,
+            "args": [*args, *SHRINK_BY_MODULE.get(short, [])],
+        }
+
+    def shell(self, words: list[str], cwd: Path, env: dict[str, str] | None = None):
+        return subprocess.run(
+            words,
+            cwd=cwd,
+            env={**self.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+
+def flag_value(args: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def env_prefix(words: list[str]) -> tuple[dict[str, str], list[str]]:
+    env = {}
+    while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
+        key, value = words[0].split("=", 1)
+        env[key] = value
+        words = words[1:]
+    return env, words
+
+
+def output_promised(command: Command, code: int, output: str) -> str | None:
+    """None when the command did what the page says, else what went wrong."""
+    flat = " ".join(output.split())
+    missing = [line for line in command.output if " ".join(line.split()) not in flat]
+    if missing:
+        return f"exited {code}; promised output not found: {missing[0]!r}\n{output[-1500:]}"
+    if code != 0 and not command.output:
+        return f"exited {code}\n{output[-1500:]}"
+    return None
+
+
+def nox_command() -> list[str]:
+    """nox from this environment, else the one on PATH (CI installs nox outside the session's
+    environment, whose bin folder nox puts first on PATH, so --no-venv finds torch there)."""
+    if importlib.util.find_spec("nox") is not None:
+        return [sys.executable, "-m", "nox"]
+    found = shutil.which("nox")
+    assert found, "nox is neither importable here nor on PATH"
+    return [found]
+
+
+def start_driver(project: Path, steps: list[dict]) -> subprocess.Popen[str]:
+    plan = project.parent / "driver-steps.json"
+    plan.write_text(json.dumps(steps))
+    return subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(plan)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=project,
+        env={**os.environ, "PYTHONPATH": str(project / "src")},
+        text=True,
+    )
+
+
+RUN_OUTPUTS = re.compile(r"runs/|metrics\.jsonl|checkpoints|profiles|benchmarks|--resume")
+
+
+def touches_tracked_files_only(words: list[str]) -> bool:
+    return words[:3] == [sys.executable, "-m", "copier"] or words[:1] == ["git"]
+
+
+def runs_alone(item: tuple[Command, Runner, list[str], dict[str, str]]) -> bool:
+    command, _, words, _ = item
+    return touches_tracked_files_only(words) or not RUN_OUTPUTS.search(command.text)
+
+
+def rewrite(words: list[str], template_repo: Path) -> list[str]:
+    """The command as it is executed here (see the module docstring)."""
+    if words[0] == "python":
+        return [sys.executable, *words[1:]]
+    if words[0] == "torchrun":
+        shrink = SHRINK if any(w.endswith(".train") for w in words) else []
+        return [sys.executable, "-m", "torch.distributed.run", *words[1:], *shrink]
+    if words[:2] == ["git", "commit"]:
+        # A page's commit follows its `copier update`, which here updates to the same commit
+        # and so changes nothing: the commit must not fail for having nothing to commit.
+        return [*words[:2], "--allow-empty", *words[2:]]
+    if words[0] == "copier":
+        words = [str(template_repo) if w in TEMPLATE_SOURCES else w for w in words]
+        extra = [] if "--defaults" in words or words[1] == "check-update" else ["--defaults"]
+        if words[1] in ("copy", "update") and not any(w.startswith("--vcs-ref") for w in words):
+            extra += ["--vcs-ref", "HEAD"]
+        return [sys.executable, "-m", "copier", words[1], *extra, *words[2:]]
+    return words
+
+
+def covered_by_project_tests(
+    command: Command, module: str, args: list[str], project: Path
+) -> str | None:
+    """A command too slow to run here (a benchmark takes minutes, torchrun three processes)
+    counts as run when a test of the generated project, which the render matrix runs in CI,
+    calls the same module with every flag the docs show (values such as paths may differ)."""
+    name = module.rsplit(".", 1)[-1]
+    flags = {arg.split("=", 1)[0] for arg in args if arg.startswith("--")}
+    for test in sorted((project / "tests").rglob("test_*.py")):
+        source = test.read_text()
+        if f"{name}.main(" not in source and module not in source:
+            continue
+        if all(re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", source) for flag in flags):
+            return None
+    return (
+        f"{command.where()}: no test of the generated project runs {module} with "
+        f"{sorted(flags)}; add one, or show flags that a test uses"
+    )
+
+
+def project_parser(project: Path):
+    """The generated project's real training parser, for commands that are only parsed:
+    `parse_args(argv)` parses and validates as `train` does (SystemExit when it refuses)."""
+    sys.path.insert(0, str(project / "src"))
+    try:
+        from my_torch_project.config import parse_config  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(project / "src"))
+    return SimpleNamespace(parse_args=lambda argv: parse_config(argv, description="train"))
+
+
+def parse_only(command: Command, words: list[str], train_parser) -> list[str]:
+    """Check a marked command's arguments with the real parsers (torchrun's and the project's)."""
+    if words[:1] == ["srun"]:
+        words = words[1:]
+    module_args: list[str] | None = None
+    if words[:1] == ["torchrun"]:
+        from torch.distributed.run import get_args_parser
+
+        try:
+            args = get_args_parser().parse_args(words[1:])
+        except SystemExit:
+            return [f"{command.where()}: torchrun does not accept these arguments"]
+        if args.module and args.training_script == f"{PACKAGE}.train":
+            module_args = args.training_script_args
+    elif words[:3] == ["python", "-m", f"{PACKAGE}.train"]:
+        module_args = words[3:]
+    if module_args is not None:
+        try:
+            train_parser.parse_args(module_args)
+        except SystemExit:
+            return [f"{command.where()}: the training script rejects these flags"]
+    return []
+
+
+def check_nox(command, words, template_sessions, ci_sessions, project_sessions) -> str | None:
+    sessions = _session_args(words)
+    if not sessions:
+        return f"{command.where()}: name the sessions (`nox -s NAME`) so they can be checked"
+    for session in sessions:
+        in_template = session in template_sessions and session in ci_sessions
+        in_project = session in project_sessions and (
+            session in CHEAP_PROJECT_SESSIONS or session == "tests"
+        )
+        if not (in_template or in_project):
+            return (
+                f"{command.where()}: session {session!r} is not a session that .ci/run runs "
+                "(template) nor a session of the generated noxfile"
+            )
+    return None
+
+
+# Imports torch and the project's package once, then forks one child per snippet: each child
+# starts from that state (no RNG, determinism or anomaly setting left over by another snippet)
+# and pays only for its own work. Nothing has run in the parent, so no thread pool is forked.
+SNIPPET_DRIVER = r"""
+import ast, json, os, signal, sys, time, traceback, types
+import torch
+import my_torch_project.utils
+
+def dotted(node):
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return [node.id, *reversed(parts)] if isinstance(node, ast.Name) else None
+
+def trace(code, name):
+    tree = ast.parse(code, name)
+    compile(tree, name, "exec")
+    namespace = {"__name__": "__traced__"}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            exec(compile(ast.Module([node], []), name, "exec"), namespace)
+    for node in ast.walk(tree):
+        chain = dotted(node) if isinstance(node, ast.Attribute) else None
+        if chain and isinstance(namespace.get(chain[0]), types.ModuleType):
+            value = namespace[chain[0]]
+            for index, part in enumerate(chain[1:], 1):
+                if not hasattr(value, part):
+                    missing = ".".join(chain[: index + 1])
+                    raise AttributeError(f"line {node.lineno}: {missing} does not exist")
+                value = getattr(value, part)
+
+snippets = json.load(open(sys.argv[1]))
+results = []
+for snippet in snippets:
+    os.makedirs(snippet["cwd"], exist_ok=True)
+    output = os.path.join(snippet["cwd"], "output.txt")
+    start = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.chdir(snippet["cwd"])
+            fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            signal.alarm(snippet["limit"])
+            if snippet["trace"]:
+                trace(snippet["code"], snippet["name"])
+            else:
+                exec(compile(snippet["code"], snippet["name"], "exec"), {"__name__": "__main__"})
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    with open(output) as file:
+        text = file.read()
+    results.append({
+        "code": os.waitstatus_to_exitcode(status),
+        "output": text[-3000:],
+        "seconds": time.perf_counter() - start,
+    })
+json.dump(results, sys.stdout)
+"""
