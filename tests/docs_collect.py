@@ -57,7 +57,9 @@ SHRINK = [
     "2",
 ]
 PROFILE_SHRINK = ["--profile-wait", "0", "--profile-warmup", "1", "--profile-steps", "1"]
-TUNE_SHRINK = ["--steps", "2", "--rounds", "2"]
+# A full (not --quick) tune also tries compile on a CPU: dynamo's eager backend traces the
+# step as inductor's does, without tens of seconds of C++ compilation per trial.
+TUNE_SHRINK = ["--steps", "2", "--rounds", "2", "--compile-backend", "eager"]
 SHRINK_BY_MODULE = {
     "train": SHRINK,
     "profiling": [*SHRINK, *PROFILE_SHRINK],
