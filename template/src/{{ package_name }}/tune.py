@@ -211,7 +211,7 @@ def compile_candidates(config: Config, device: torch.device, quick: bool) -> lis
 
 def worker_candidates(config: Config, in_memory: bool) -> list[Trial]:
     if in_memory:
-        return [Trial("0 workers", {"num_workers": "0"})]
+        return [Trial("0 workers", {"num_workers": "0"}, note="in-memory data: nothing to load")]
     cpus = utils.available_cpus()
     counts = sorted({0, *(n for n in (1, 2, 4, 8) if n <= cpus)})
     current = utils.resolve_num_workers(config.data.num_workers, in_memory=False)
