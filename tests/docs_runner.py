@@ -28,6 +28,7 @@ from docs_collect import (
     _session_args,
 )
 from helpers import git_init_commit
+from matrix import MATRIX, SLOW_FILES
 
 TEMPLATE_SOURCES = (
     "gh:copier-pytorch/copier-pytorch",
@@ -81,6 +82,14 @@ def fake_image_folder(root: Path) -> None:
             Image.new("RGB", (8, 8), shade).save(root / label / f"{index:04}.png")
 
 
+def fake_text_folder(root: Path) -> None:
+    """A tiny stand-in for a language model's --data-dir: a few files of text."""
+    root.mkdir(parents=True, exist_ok=True)
+    for index in range(3):
+        lines = [f"def f{index}_{n}(x):\n    return x * {n} + {index}\n" for n in range(200)]
+        (root / f"part{index}.py").write_text("\n".join(lines))
+
+
 class Runner:
     """Executes one page's commands in its own copy of the rendered project."""
 
@@ -112,14 +121,14 @@ class Runner:
 
     def module_step(self, module: str, args: list[str]) -> dict:
         short = module.rsplit(".", 1)[-1]
+        language_model = (self.project / "src" / PACKAGE / "text.py").exists()
         data_dir = flag_value(args, "--data-dir")
         if data_dir and not (self.project / data_dir).exists():
-            fake_image_folder(self.project / data_dir)
-        return {
-            "cwd": str(self.project),
-            "module": module,
-            "args": [*args, *SHRINK_BY_MODULE.get(short, [])],
-        }
+            (fake_text_folder if language_model else fake_image_folder)(self.project / data_dir)
+        shrink = SHRINK_BY_MODULE.get(short, [])
+        if language_model and short == "train":
+            shrink = [*shrink, "--epochs", "1"]  # a transformer's step is slower: one epoch
+        return {"cwd": str(self.project), "module": module, "args": [*args, *shrink]}
 
     def shell(self, words: list[str], cwd: Path, env: dict[str, str] | None = None):
         return subprocess.run(
@@ -214,6 +223,32 @@ def rewrite(words: list[str], template_repo: Path) -> list[str]:
             extra += ["--vcs-ref", "HEAD"]
         return [sys.executable, "-m", "copier", words[1], *extra, *words[2:]]
     return words
+
+
+def run_by_the_lm_render(command: Command, args: list[str], project: Path) -> str | None:
+    """`python -m pytest [-m M] [-k K] [-s] tests/<file>.py` on the language model's page counts
+    as run when the render matrix runs that selection in its LM render (the whole suite but
+    `slow` tests, and matrix.SLOW_FILES with `slow`) and selects at least one test here."""
+    markers, files = flag_value(args, "-m") or "", [a for a in args if a.startswith("tests/")]
+    lm_renders = [name for name, answers in MATRIX.items() if answers.get("task") == "lm"]
+    if "slow" in markers.replace("not slow", ""):
+        slow_files = {file for name in lm_renders for file in SLOW_FILES.get(name, [])}
+        if not files or not set(files) <= slow_files:
+            return (
+                f"{command.where()}: the render matrix does not run the slow tests of "
+                f"{files or 'the whole suite'} in an LM render (matrix.SLOW_FILES)"
+            )
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+        cwd=project,
+        env={**os.environ, "PYTHONPATH": str(project / "src")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if collected.returncode != 0 or "::" not in collected.stdout:
+        return f"{command.where()}: selects no test in the LM render:\n{collected.stdout[-1500:]}"
+    return None
 
 
 def covered_by_project_tests(

@@ -8,7 +8,9 @@ How "every command shown in the docs was run by a test or by CI" is enforced
 1. Collect. Every command shown is collected from docs/*.md, README.md and the README of a
    freshly rendered project (template/README.md.jinja with default answers, so the package is
    `my_torch_project`, the name the docs use) and of its docs/template.md, the template's
-   reference page in the project:
+   reference page in the project, and the docs/language-model.md of a `task: lm` render,
+   whose commands run in that render (a `python -m pytest` line there counts as run when the
+   render matrix runs that selection in its LM render and it selects a test):
    - each line of a ```bash, ```sh or ```shell block (continuation lines joined, comments
      skipped) and each `$ ` line of a ```console block, whose following lines are the output
      the page promises;
@@ -93,6 +95,7 @@ from docs_runner import (
     parse_only,
     project_parser,
     rewrite,
+    run_by_the_lm_render,
     runs_alone,
     start_driver,
     touches_tracked_files_only,
@@ -124,6 +127,8 @@ PAGES_WITH_COMMANDS = [
     "troubleshooting.md",
 ]
 MIN_COMMANDS = 30
+# The language-model project's own page: its commands run in a render with `task: lm`.
+LM_PAGE = "template/docs/language-model.md.jinja"
 # Pages whose ```python blocks are snippets to run (see the module docstring).
 SNIPPET_PAGES = ["techniques.md"]
 MIN_SNIPPETS = 14  # the techniques page: raw PyTorch and the template's call, per technique
@@ -147,7 +152,15 @@ def project(tmp_path_factory, template_repo) -> Path:
 
 
 @pytest.fixture(scope="module")
-def pages(project) -> list[Page]:
+def lm_project(tmp_path_factory, template_repo) -> Path:
+    """A language-model render: its own page (LM_PAGE) runs there."""
+    return render(
+        tmp_path_factory.mktemp("docs-lm") / "my-lm-project", {"task": "lm"}, src=template_repo
+    )
+
+
+@pytest.fixture(scope="module")
+def pages(project, lm_project) -> list[Page]:
     sources = sorted(DOCS.glob("*.md"))
     found = [parse_page(f"docs/{path.name}", path.read_text()) for path in sources]
     if (ROOT / "README.md").exists():
@@ -155,6 +168,7 @@ def pages(project) -> list[Page]:
     found.append(parse_page("template/README.md.jinja", (project / "README.md").read_text()))
     guide = project / "docs" / "template.md"  # the template's reference page in the project
     found.append(parse_page("template/docs/template.md.jinja", guide.read_text()))
+    found.append(parse_page(LM_PAGE, (lm_project / "docs" / "language-model.md").read_text()))
     return found
 
 
@@ -237,7 +251,7 @@ def test_the_collector_finds_what_it_should():
     ]
 
 
-def test_every_command_in_the_docs_was_run(project, pages, template_repo, tmp_path):
+def test_every_command_in_the_docs_was_run(project, lm_project, pages, template_repo, tmp_path):
     problems = [problem for page in pages for problem in page.problems]
     commands = [command for page in pages for command in page.commands]
     assert len(commands) >= MIN_COMMANDS, f"only {len(commands)} commands found in the docs"
@@ -252,15 +266,17 @@ def test_every_command_in_the_docs_was_run(project, pages, template_repo, tmp_pa
     for call in nox_invocations(ci_run.read_text()) if ci_run.exists() else []:
         ci_sessions |= set(call or template_defaults)
     by_ci = ci_commands(project)
-    train_parser = project_parser(project)
+    parsers = {project: project_parser(project), lm_project: project_parser(lm_project)}
 
     checked: list[Command] = []
     timings: list[tuple[float, str]] = []
-    module_steps: list[tuple[Command, dict]] = []  # all pages: one driver, one torch import
+    # All pages of one project: one driver, one torch import.
+    module_steps: list[tuple[Command, dict, Path]] = []
     later: list[tuple[Command, Runner, list[str], dict[str, str]]] = []
     already_run: set[str] = set()  # an identical command on another page is not rerun
     for page_index, page in enumerate(pages):
         runner: Runner | None = None
+        base = lm_project if page.name == LM_PAGE else project  # the project the page is in
         for command in page.commands:
             try:
                 words = shlex.split(command.text, comments=True)
@@ -281,7 +297,7 @@ def test_every_command_in_the_docs_was_run(project, pages, template_repo, tmp_pa
                         "GPU or cluster: it must be run"
                     )
                 else:
-                    problems += parse_only(command, words, train_parser)
+                    problems += parse_only(command, words, parsers[base])
                     checked.append(command)
                 continue
             if hardware:
@@ -307,7 +323,7 @@ def test_every_command_in_the_docs_was_run(project, pages, template_repo, tmp_pa
                     cheap = []  # the template repository's README: its sessions are CI's
                 if cheap and " ".join(cheap) not in already_run:
                     already_run.add(" ".join(cheap))
-                    runner = runner or Runner(project, tmp_path / f"page{page_index}", page)
+                    runner = runner or Runner(base, tmp_path / f"page{page_index}", page)
                     nox = [*nox_command(), "--no-venv", "-s", *cheap]
                     later.append((command, runner, nox, env))
                 checked.append(command)
@@ -316,7 +332,13 @@ def test_every_command_in_the_docs_was_run(project, pages, template_repo, tmp_pa
                 ["python", "-m", "pip"],
                 ["python", "-m", "pytest"],
             ):
-                if normalise(command.text) not in by_ci:
+                if page.name == LM_PAGE and words[:3] == ["python", "-m", "pytest"]:
+                    problem = run_by_the_lm_render(command, words[3:], base)
+                    if problem:
+                        problems.append(problem)
+                    else:
+                        checked.append(command)
+                elif normalise(command.text) not in by_ci:
                     problems.append(
                         f"{command.where()}: neither CI nor a noxfile runs this "
                         "command; run it there, or change the docs"
@@ -329,7 +351,7 @@ def test_every_command_in_the_docs_was_run(project, pages, template_repo, tmp_pa
             if program == "torchrun":
                 module, args = "torch.distributed.run", words[1:]
             if module in COVERED_BY_PROJECT_TESTS:
-                problem = covered_by_project_tests(command, module, args, project)
+                problem = covered_by_project_tests(command, module, args, base)
                 if problem:
                     problems.append(problem)
                 else:
@@ -344,9 +366,9 @@ def test_every_command_in_the_docs_was_run(project, pages, template_repo, tmp_pa
                 checked.append(command)
                 continue
             already_run.add(key)
-            runner = runner or Runner(project, tmp_path / f"page{page_index}", page)
+            runner = runner or Runner(base, tmp_path / f"page{page_index}", page)
             if module.startswith(PACKAGE + "."):
-                module_steps.append((command, runner.module_step(module, words[3:])))
+                module_steps.append((command, runner.module_step(module, words[3:]), base))
             elif program in ("python", "grep", "ps", "copier", "torchrun", "git"):
                 later.append((command, runner, rewrite(words, template_repo), env))
             else:
@@ -362,18 +384,24 @@ def test_every_command_in_the_docs_was_run(project, pages, template_repo, tmp_pa
     # git (they touch only tracked files), and commands that name no run output, each in a
     # copy of its own. The rest run after the worker, since they may read its output
     # (metrics, checkpoints); nothing a module command needs comes from a shell command.
-    driver = start_driver(project, [step for _, step in module_steps])
+    # The language model's driver starts when the first one is done: two streams, two cores.
+    drivers = [
+        (steps, start_driver(base, [step for _, step, _ in steps]) if base == project else None)
+        for base in (project, lm_project)
+        for steps in [[item for item in module_steps if item[2] == base]]
+    ]
     independent = [item for item in later if runs_alone(item)]
     for item in [*independent, None, *(i for i in later if not runs_alone(i))]:
         if item is None:
-            output, errors = driver.communicate(timeout=900)
-            assert driver.returncode == 0, f"docs driver crashed:\n{errors[-3000:]}"
-            results = json.loads(output)
-            for (command, _), result in zip(module_steps, results, strict=True):
-                timings.append((result["seconds"], command.where()))
-                problem = output_promised(command, result["code"], result["output"])
-                if problem:
-                    problems.append(f"{command.where()}: {problem}")
+            for steps, driver in filter(lambda pair: pair[0], drivers):
+                driver = driver or start_driver(steps[0][2], [step for _, step, _ in steps])
+                output, errors = driver.communicate(timeout=900)
+                assert driver.returncode == 0, f"docs driver crashed:\n{errors[-3000:]}"
+                for (command, _, _), result in zip(steps, json.loads(output), strict=True):
+                    timings.append((result["seconds"], command.where()))
+                    problem = output_promised(command, result["code"], result["output"])
+                    if problem:
+                        problems.append(f"{command.where()}: {problem}")
             continue
         command, runner, words, env = item
         cwd = runner.project
