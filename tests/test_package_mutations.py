@@ -16,27 +16,11 @@ tests: the render matrix runs the whole generated suite.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
 
-from helpers import KILL_RATES
-from mutations import PACKAGE, caught, render_to_mutate, run_jobs
-
-
-class Mutation(NamedTuple):
-    name: str
-    module: str  # file under src/<package>/
-    edits: tuple[tuple[str, str], ...]  # (old, new), applied in order
-    tests: str  # the generated test file that must catch it
-    select: str | None = None  # a -k expression: only the tests that should catch it
-    timeout: int = 240
-
-
-def bug(name: str, module: str, old: str, new: str, tests: str, select: str | None = None):
-    """A one-edit mutation."""
-    return Mutation(name, module, ((old, new),), tests, select)
-
+from mutations import PACKAGE, Mutation, bug, caught, render_to_mutate, run_mutations
 
 MUTATIONS = [
     # ---- train.py: data order, evaluation, best checkpoint, schedule, clipping, logging ----
@@ -270,16 +254,6 @@ MUTATIONS = [
 ]  # fmt: skip
 
 
-def _missing_targets(source: str, mutation: Mutation) -> str | None:
-    for old, new in mutation.edits:
-        count = source.count(old)
-        if count != 1:
-            what = "not found" if count == 0 else f"found {count} times, not once"
-            return f"mutation target {what}: {mutation.module}: {old!r}"
-        source = source.replace(old, new)
-    return None
-
-
 @pytest.fixture(scope="module")
 def rendered_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return render_to_mutate(tmp_path_factory, "package-mutations")
@@ -292,36 +266,9 @@ def outcomes(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, dict[str, Any]]:
     """Run every selected mutation once (tests/mutation_runner.py, two at a time)."""
-    selected = {
-        item.callspec.params["mutation"].name
-        for item in request.session.items
-        if hasattr(item, "callspec") and "mutation" in item.callspec.params
-    }
-    source_dir = rendered_project / "src" / PACKAGE
-    results: dict[str, dict[str, Any]] = {}
-    jobs = []
-    for mutation in MUTATIONS:
-        if mutation.name not in selected:
-            continue
-        module = source_dir / mutation.module
-        problem = (
-            f"mutation target not found: {mutation.module}: no such module"
-            if not module.is_file()
-            else _missing_targets(module.read_text(encoding="utf-8"), mutation)
-        )
-        if problem:
-            results[mutation.name] = {"code": -1, "problem": problem, "output": ""}
-            continue
-        job = mutation._asdict()
-        job["tests"] = [f"tests/{mutation.tests}"]
-        jobs.append(job)
-    results.update(run_jobs(rendered_project, jobs, tmp_path_factory))
-    hits = sum(caught(result) for result in results.values())
-    KILL_RATES.append(
-        f"package mutations: {hits}/{len(results)} planted bugs caught by the generated "
-        f"suite ({100 * hits / max(len(results), 1):.0f}%)"
+    return run_mutations(
+        request, rendered_project, MUTATIONS, tmp_path_factory, "package mutations"
     )
-    return results
 
 
 def test_every_mutation_names_a_generated_test_file_and_a_unique_name(

@@ -1,0 +1,96 @@
+"""The language-model render's suite catches realistic bugs in its own modules.
+
+As tests/test_package_mutations.py does for the image render, but for the modules only a
+`task: lm` project has: the transformer (`model.py`), the corpus and its task (`text.py`) and
+the sampler (`generate.py`). Each bug is one a review can miss: attention that sees the
+future, targets that are not the next byte, validation taken from the head of the corpus,
+bits per byte left in nats, a sampler whose greedy choice is the least likely byte. Each must
+fail the generated tests named with it; every target must match its module exactly once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mutations import PACKAGE, Mutation, bug, caught, render_to_mutate, run_mutations
+
+TESTS = "test_language_model.py"
+
+MUTATIONS = [
+    # ---- model.py: causality, weight tying, the FLOPs MFU divides ------------------------
+    bug("lm-attention-sees-the-future", "model.py",
+        "q, k, v, is_causal=True,", "q, k, v, is_causal=False,",
+        TESTS, "causal_tied or fused_attention"),
+    bug("lm-output-layer-not-tied", "model.py",
+        "self.head.weight = self.token.weight", "self.head.weight = self.head.weight",
+        TESTS, "causal_tied"),
+    bug("lm-flops-forget-the-attention", "model.py",
+        "return 6 * weights + 12 * len(self.blocks) * width * self.seq_len",
+        "return 6 * weights",
+        TESTS, "flops_per_token"),
+    # ---- text.py: windows, the split, the token file, bits per byte, the baseline ----------
+    bug("lm-targets-are-the-inputs", "text.py",
+        "return window[:-1], window[1:]", "return window[:-1], window[:-1]",
+        TESTS, "windows_pair"),
+    bug("lm-validation-from-the-head", "text.py",
+        "train, val = tokens[: len(tokens) - num_val], tokens[len(tokens) - num_val :]",
+        "val, train = tokens[:num_val], tokens[num_val:]",
+        TESTS, "windows_pair"),
+    bug("lm-token-file-rebuilt-every-run", "text.py",
+        "    if target.is_file():\n        return target", "    if False:\n        return target",
+        TESTS, "built_once"),
+    bug("lm-bits-per-byte-left-in-nats", "text.py",
+        'values = {f"{prefix}bpb": record["loss"] / math.log(2)}',
+        'values = {f"{prefix}bpb": record["loss"]}',
+        TESTS, "metrics_hold_bits"),
+    bug("lm-bigram-baseline-unsmoothed", "text.py",
+        "(counts.double() + 1).log()", "(counts.double() + 1e-9).log()",
+        TESTS, "bigram"),
+    # ---- generate.py: greedy, top-k, the context window -------------------------------------
+    bug("lm-greedy-takes-the-least-likely-byte", "generate.py",
+        "following = logits.argmax().view(1)", "following = logits.argmin().view(1)",
+        TESTS, "deterministic_by_seed"),
+    bug("lm-top-k-ignored", "generate.py",
+        "if top_k is not None and top_k < logits.numel():", "if False:",
+        TESTS, "deterministic_by_seed"),
+    bug("lm-sampler-context-not-cropped", "generate.py",
+        "logits = model(tokens[:, -seq_len:])[0, -1].float()",
+        "logits = model(tokens)[0, -1].float()",
+        TESTS, "deterministic_by_seed"),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def rendered_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return render_to_mutate(tmp_path_factory, "lm-mutations", {"task": "lm"})
+
+
+@pytest.fixture(scope="module")
+def outcomes(
+    request: pytest.FixtureRequest,
+    rendered_project: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, dict[str, Any]]:
+    return run_mutations(request, rendered_project, MUTATIONS, tmp_path_factory, "LM mutations")
+
+
+def test_every_lm_only_module_has_mutations(rendered_project: Path) -> None:
+    assert (rendered_project / "tests" / TESTS).is_file()
+    assert len({mutation.name for mutation in MUTATIONS}) == len(MUTATIONS)
+    assert {mutation.module for mutation in MUTATIONS} == {"model.py", "text.py", "generate.py"}
+    assert (rendered_project / "src" / PACKAGE / "text.py").is_file()
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS, ids=[m.name for m in MUTATIONS])
+def test_a_planted_bug_fails_the_lm_tests(
+    outcomes: dict[str, dict[str, Any]], mutation: Mutation
+) -> None:
+    result = outcomes[mutation.name]
+    assert not result.get("problem"), f"{mutation.name}: {result['problem']}"
+    assert caught(result), (
+        f"{mutation.name} survived: `pytest tests/{mutation.tests} -k '{mutation.select}'` "
+        f"exited {result['code']}\n{result['output'][-4000:]}"
+    )
