@@ -11,7 +11,7 @@ The search space is a TOML file (see sweep.toml):
 
     [sweep]                     # every key optional; flags override them
     study = "demo"
-    metric = "val_acc"          # val_acc is maximised, val_loss minimised
+    metric = "val_acc"          # val_acc is maximised, val_loss and val_bpb (LM) minimised
     trials = 8                  # in total, over all workers
     [fixed]                     # Config values every trial shares
     epochs = 3
@@ -47,9 +47,11 @@ from .checkpoint import CheckpointError, Interrupted, resolve_resume
 from .config import Config, ConfigError
 from .config_parsing import leaf_fields, load_toml, to_toml
 from .data import DataError
+from .task import task_for
 from .train import train
 
-DIRECTIONS: dict[str, Any] = {"val_acc": "maximize", "val_loss": "minimize"}
+# val_bpb (validation bits per byte) is reported by the language model only.
+DIRECTIONS: dict[str, Any] = {"val_acc": "maximize", "val_loss": "minimize", "val_bpb": "minimize"}
 
 
 @dataclasses.dataclass
@@ -87,6 +89,11 @@ def load_spec(path: Path, overrides: dict[str, Any]) -> Spec:
     spec = Spec(**settings, fixed=data.get("fixed", {}), space=data.get("space", {}))
     if spec.metric not in DIRECTIONS:
         raise ValueError(f"metric must be one of {', '.join(DIRECTIONS)}, got {spec.metric!r}")
+    if spec.metric == "val_bpb" and task_for(Config()).name != "lm":
+        raise ValueError(
+            "metric val_bpb (bits per byte) is reported by language models only; "
+            "use val_acc or val_loss"
+        )
     if spec.trials < 1:
         raise ValueError(f"trials must be >= 1, got {spec.trials}")
     if not spec.space:
