@@ -360,7 +360,7 @@ def test_every_command_in_the_docs_was_run(project, lm_project, pages, template_
             # The same command on another page gives the same result: run it once. Not for
             # commands whose result depends on earlier ones (resume, git) or whose promised
             # output must be checked.
-            key = " ".join([*map(str, env.items()), *rewrite(words, template_repo)])
+            key = " ".join([str(base), *map(str, env.items()), *rewrite(words, template_repo)])
             repeatable = "--resume" in words or program == "git" or command.output
             if key in already_run and not repeatable:
                 checked.append(command)

@@ -249,6 +249,25 @@ def load_state_into(target: Any, state: dict[str, Any], what: str, path: Path) -
         raise CheckpointError(
             f"checkpoint {path}: the saved {what} does not fit this run ({first})"
         ) from None
+    if isinstance(target, torch.optim.Optimizer):
+        match_parameter_layouts(target)
+
+
+def match_parameter_layouts(optimizer: torch.optim.Optimizer) -> None:
+    """Give each optimizer state tensor shaped like its parameter that parameter's strides.
+
+    A loaded state keeps the strides it was saved with: a run resumed in the other memory
+    layout (`--channels-last` on or off) would hold NCHW moments for NHWC weights, which
+    CUDA's fused AdamW refuses ("must have same dtype, device, and layout").
+    """
+    for param, state in optimizer.state.items():
+        for key, value in state.items():
+            if (
+                isinstance(value, torch.Tensor)
+                and value.shape == param.shape
+                and value.stride() != param.stride()
+            ):
+                state[key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
 
 
 def capture_rng_state(device: torch.device) -> dict[str, Any]:

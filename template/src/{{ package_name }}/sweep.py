@@ -87,13 +87,15 @@ def load_spec(path: Path, overrides: dict[str, Any]) -> Spec:
         )
     settings.update({k: v for k, v in overrides.items() if v is not None})
     spec = Spec(**settings, fixed=data.get("fixed", {}), space=data.get("space", {}))
-    if spec.metric not in DIRECTIONS:
-        raise ValueError(f"metric must be one of {', '.join(DIRECTIONS)}, got {spec.metric!r}")
-    if spec.metric == "val_bpb" and task_for(Config()).name != "lm":
+    language_model = task_for(Config()).name == "lm"
+    metrics = [m for m in DIRECTIONS if language_model or m != "val_bpb"]
+    if spec.metric == "val_bpb" and not language_model:
         raise ValueError(
             "metric val_bpb (bits per byte) is reported by language models only; "
             "use val_acc or val_loss"
         )
+    if spec.metric not in metrics:
+        raise ValueError(f"metric must be one of {', '.join(metrics)}, got {spec.metric!r}")
     if spec.trials < 1:
         raise ValueError(f"trials must be >= 1, got {spec.trials}")
     if not spec.space:

@@ -86,8 +86,12 @@ def build_model_for(config: Config, info: DataInfo) -> nn.Module:
     model = builder(config, info)
     if config.speed.channels_last:
         # NHWC for every 4-D weight; a convolution given one runs in NHWC, converting its
-        # input once, and its output stays NHWC for the next. Other weights are unchanged.
-        model = model.to(memory_format=torch.channels_last)
+        # input once, and its output stays NHWC for the next. Other weights (5-D ones of 3-D
+        # convolutions included) are unchanged.
+        with torch.no_grad():
+            for param in model.parameters():
+                if param.dim() == 4:
+                    param.data = param.data.contiguous(memory_format=torch.channels_last)
     return model
 
 

@@ -267,11 +267,12 @@ def train(
         writer.write({**run, "step": global_step})  # after StopSignal: see test_train_processes
         meter = Meter(device, ctx.world_size)
         samples = len(train_set)  # type: ignore[arg-type]  # a Dataset need not be Sized
+        convs = [p for p in raw_model.parameters() if p.dim() == 4]  # --channels-last's
         log(
             f"training on {device} x{ctx.world_size} | {samples} samples, "
             f"{steps_per_epoch} steps/epoch | workers {workers} | {config.speed.precision} | "
             f"compile {'on' if compile_on else 'off'}"
-            + (" | channels-last" if config.speed.channels_last else "")
+            + (" | channels-last" if config.speed.channels_last and convs else "")
             + (" | FSDP2" if parallel.is_sharded(raw_model) else "")
         )
 
