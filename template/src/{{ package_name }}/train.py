@@ -57,9 +57,8 @@ def train(
     """
     with contextlib.ExitStack() as cleanup:
         # ---- processes, device, seeds -------------------------------------------------------
-        # The same seed on every rank: all ranks build the same initial model, and rank 0's
-        # RNG state (the one saved in checkpoints) is every rank's. Data order still differs
-        # per rank, through the sampler.
+        # The same seed on every rank: the same initial model, and rank 0's RNG state (the
+        # one checkpoints save) is every rank's. The sampler still gives each rank its data.
         generator = utils.seed_everything(config.run.seed, config.run.deterministic)
         try:
             ctx = distributed.setup(config.run.device)
@@ -264,7 +263,8 @@ def train(
         )
         cleanup.callback(writer.close)
         stop = cleanup.enter_context(checkpoint.StopSignal())
-        writer.write({**run, "step": global_step})  # after StopSignal: see test_train_processes
+        distributed.barrier()  # the first line of metrics.jsonl: every rank takes stop signals
+        writer.write({**run, "step": global_step})
         meter = Meter(device, ctx.world_size)
         samples = len(train_set)  # type: ignore[arg-type]  # a Dataset need not be Sized
         convs = [p for p in raw_model.parameters() if p.dim() == 4]  # --channels-last's
