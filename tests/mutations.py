@@ -123,3 +123,13 @@ def caught(result: dict[str, Any]) -> bool:
     """Exit code 1 with a failed test: the bug was caught. 2 (a collection error) would mean the
     bug broke the import rather than the behaviour, and 5 that -k selected nothing."""
     return result["code"] == 1 and " failed" in result["output"]
+
+
+def assert_caught(outcomes: dict[str, dict[str, Any]], mutation: Mutation) -> None:
+    """The mutation was planted and a generated test failed on it."""
+    result = outcomes[mutation.name]
+    assert not result.get("problem"), f"{mutation.name}: {result['problem']}"
+    assert caught(result), (
+        f"{mutation.name} survived: `pytest tests/{mutation.tests} -k '{mutation.select}'` "
+        f"exited {result['code']}\n{result['output'][-4000:]}"
+    )

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from mutations import PACKAGE, Mutation, bug, caught, render_to_mutate, run_mutations
+from mutations import PACKAGE, Mutation, assert_caught, bug, render_to_mutate, run_mutations
 
 TESTS = "test_language_model.py"
 
@@ -88,9 +88,4 @@ def test_every_lm_only_module_has_mutations(rendered_project: Path) -> None:
 def test_a_planted_bug_fails_the_lm_tests(
     outcomes: dict[str, dict[str, Any]], mutation: Mutation
 ) -> None:
-    result = outcomes[mutation.name]
-    assert not result.get("problem"), f"{mutation.name}: {result['problem']}"
-    assert caught(result), (
-        f"{mutation.name} survived: `pytest tests/{mutation.tests} -k '{mutation.select}'` "
-        f"exited {result['code']}\n{result['output'][-4000:]}"
-    )
+    assert_caught(outcomes, mutation)

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from mutations import PACKAGE, Mutation, bug, caught, render_to_mutate, run_mutations
+from mutations import PACKAGE, Mutation, assert_caught, bug, render_to_mutate, run_mutations
 
 MUTATIONS = [
     # ---- train.py: data order, evaluation, best checkpoint, schedule, clipping, logging ----
@@ -290,9 +290,4 @@ def test_every_mutation_names_a_generated_test_file_and_a_unique_name(
 def test_a_planted_bug_fails_the_generated_tests(
     outcomes: dict[str, dict[str, Any]], mutation: Mutation
 ) -> None:
-    result = outcomes[mutation.name]
-    assert not result.get("problem"), f"{mutation.name}: {result['problem']}"
-    assert caught(result), (
-        f"{mutation.name} survived: `pytest tests/{mutation.tests} -k '{mutation.select}'` "
-        f"exited {result['code']}\n{result['output'][-4000:]}"
-    )
+    assert_caught(outcomes, mutation)
