@@ -3,8 +3,10 @@ Jinja is left behind."""
 
 from __future__ import annotations
 
+import ast
 import re
 import sys
+from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import pytest
@@ -153,3 +155,74 @@ def test_matrix_gives_every_choice_each_of_its_values():
             continue
         used = {answers.get(question) for answers in MATRIX.values()}
         assert values <= used, f"matrix misses {question} = {sorted(map(str, values - used))}"
+
+
+def package_modules(project: Path, name: str) -> dict[str, ast.Module]:
+    """The generated package's modules by dotted name within it: "train", "benchmarks.cli";
+    a package's `__init__.py` under the package's own name ("" for the top)."""
+    package = project / "src" / package_name(MATRIX[name])
+    modules = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = ast.parse(
+            path.read_text()
+        )
+    return modules
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_function_of_the_package_is_longer_than_100_lines(rendered, name):
+    """STYLE.md's limit, so that each part of the loop stays readable (and testable) alone."""
+    long = [
+        f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
+        for module, tree in package_modules(rendered[name], name).items()
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > 100
+    ]
+    assert not long
+
+
+def imported_modules(module: str, tree: ast.Module, modules: set[str], package: bool) -> set[str]:
+    """The package's modules that `module` imports when it runs (at any depth, `TYPE_CHECKING`
+    blocks aside). `package`: `module` is a package's `__init__.py`."""
+    skip = {
+        id(child)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for child in ast.walk(node)
+    }
+    here = [part for part in module.split(".") if part]
+    if not package:
+        here = here[:-1]
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skip or not isinstance(node, ast.ImportFrom) or not node.level:
+            continue
+        target = here[: len(here) - (node.level - 1)] + (node.module or "").split(".")
+        target = [part for part in target if part]
+        for alias in node.names:  # `from . import train` or `from .train import main`
+            submodule = ".".join([*target, alias.name])
+            found.add(submodule if submodule in modules else ".".join(target))
+    found.discard(module)
+    return found & modules
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_package_import_graph_has_no_cycle(rendered, name):
+    """config.py imports config_parsing.py, never the reverse (issue 27), and so on for every
+    pair: a module can be read, and imported, before the modules that build on it."""
+    project = rendered[name]
+    trees = package_modules(project, name)
+    source = project / "src" / package_name(MATRIX[name])
+    graph = {
+        module: imported_modules(
+            module, tree, set(trees), (source / module.replace(".", "/") / "__init__.py").is_file()
+        )
+        for module, tree in trees.items()
+    }
+    assert graph["config"] >= {"config_parsing"} and graph["train"] >= {"loop", "config"}
+    try:
+        list(TopologicalSorter(graph).static_order())
+    except CycleError as error:
+        pytest.fail(f"import cycle: {' -> '.join(error.args[1])}")

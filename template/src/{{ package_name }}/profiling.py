@@ -126,21 +126,45 @@ def main(argv: list[str] | None = None) -> int:
         run_config = profiled_config(config, total_steps, out)
     except ValueError as error:  # DataError included: one line, no traceback
         parser.exit(2, f"{parser.prog}: error: {error}\n")
+    on_accelerator = device.type == "cuda"
+    snapshot = args.memory_snapshot and on_accelerator
+    if args.memory_snapshot and not snapshot:
+        print(f"--memory-snapshot needs CUDA (device is {device}): no snapshot")
+    averages = _profile_run(parser, args, run_config, on_accelerator, snapshot)
+    if averages is None:
+        parser.exit(
+            1,
+            f"{parser.prog}: error: the run ended before the profiler recorded a "
+            "step; lower --profile-wait/--profile-warmup\n",
+        )
+    _report(averages, args, on_accelerator)
+    if snapshot:
+        print(
+            f"Memory snapshot: {out / 'memory_snapshot.pickle'} "
+            "(open at https://pytorch.org/memory_viz)"
+        )
+    return 0
 
+
+def _profile_run(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    run_config: Config,
+    on_accelerator: bool,
+    snapshot: bool,
+) -> Any:
+    """Train under the profiler; its key averages, or None when no step was recorded.
+    Bad input and a blown-up run exit here with their code (2, 1) and one line."""
     from .train import train  # imported late so `--help` stays fast
 
-    on_accelerator = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_accelerator else [])
-    trace_path = out / "trace.json"
+    trace_path = args.out / "trace.json"
     captured: dict[str, Any] = {}
 
     def on_trace_ready(prof: profile) -> None:
         prof.export_chrome_trace(str(trace_path))
         captured["averages"] = prof.key_averages()
 
-    snapshot = args.memory_snapshot and on_accelerator
-    if args.memory_snapshot and not snapshot:
-        print(f"--memory-snapshot needs CUDA (device is {device}): no snapshot")
     if snapshot:
         torch.cuda.memory._record_memory_history(max_entries=100_000)
     try:
@@ -165,21 +189,18 @@ def main(argv: list[str] | None = None) -> int:
             except utils.NonFiniteLossError as error:
                 parser.exit(1, f"{parser.prog}: error: {error}\n")
         if snapshot:
-            torch.cuda.memory._dump_snapshot(str(out / "memory_snapshot.pickle"))
+            torch.cuda.memory._dump_snapshot(str(args.out / "memory_snapshot.pickle"))
     finally:
         if snapshot:
             torch.cuda.memory._record_memory_history(enabled=None)
+    return captured.get("averages")
 
-    if "averages" not in captured:
-        parser.exit(
-            1,
-            f"{parser.prog}: error: the run ended before the profiler recorded a "
-            "step; lower --profile-wait/--profile-warmup\n",
-        )
-    averages = captured["averages"]
+
+def _report(averages: Any, args: argparse.Namespace, on_accelerator: bool) -> None:
+    """Write top_operators.txt; print the table, the phases' shares and where the trace is."""
     sort_by = "self_device_time_total" if on_accelerator else "self_cpu_time_total"
     table = averages.table(sort_by=sort_by, row_limit=args.row_limit)
-    (out / "top_operators.txt").write_text(table + "\n")
+    (args.out / "top_operators.txt").write_text(table + "\n")
     phases, total, steps = phase_shares(averages)
     print(f"\nTop operators by {sort_by} over {steps} profiled steps:")
     print(table)
@@ -199,13 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             f"note: only {steps} of {args.profile_steps} active steps were recorded "
             "(the run was shorter)"
         )
-    print(f"Trace: {trace_path} (open at https://ui.perfetto.dev)")
-    if snapshot:
-        print(
-            f"Memory snapshot: {out / 'memory_snapshot.pickle'} "
-            "(open at https://pytorch.org/memory_viz)"
-        )
-    return 0
+    print(f"Trace: {args.out / 'trace.json'} (open at https://ui.perfetto.dev)")
 
 
 if __name__ == "__main__":

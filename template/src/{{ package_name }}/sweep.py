@@ -44,8 +44,8 @@ except ModuleNotFoundError:  # Python 3.10: the backport the project depends on 
     import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
 
 from .checkpoint import CheckpointError, Interrupted, resolve_resume
-from .config import Config, ConfigError
-from .config_parsing import leaf_fields, load_toml, to_toml
+from .config import Config, ConfigError, load_toml, to_toml
+from .config_parsing import leaf_fields
 from .data import DataError
 from .task import task_for
 from .train import train

@@ -36,8 +36,7 @@ import torch
 
 from . import utils
 from .benchmarks.timing import compare_rounds
-from .config import Config, ConfigError, build_parser, parse_config
-from .config_parsing import to_toml
+from .config import Config, ConfigError, build_parser, parse_config, to_toml
 from .task import task_for
 
 # The settings tune chooses: what `tuned.toml` holds.

@@ -17,12 +17,14 @@ import math
 import shutil
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from .. import utils
+from ..config import Config
 from ..train import build_model_for  # model.build_model_for, or one line on what to add
 from .timing import (
     Context,
@@ -50,37 +52,74 @@ def since(start: Stamp) -> Stamp:
 
 
 def section_loop_overhead(ctx: Context) -> dict[str, Any]:
-    from ..train import lr_factor, train
-
     warmup = 3
     rounds = 2 if ctx.quick else max(2, ctx.min_runs)
     wanted = warmup + 1 + rounds * ctx.loop_steps
+    loop_config, epoch_steps = _loop_config(ctx, wanted)
+    workers = utils.resolve_num_workers(ctx.config.data.num_workers, in_memory=True)
+    pairs = _lockstep(ctx, loop_config, epoch_steps, workers)
+    steps = [step for step in sorted(pairs) if step > warmup + 1][: rounds * ctx.loop_steps]
+    timed = [pairs[step] for step in steps]
+    if len(timed) < 2 * rounds:
+        raise Skip(f"train() reported only {len(timed)} timed steps")
+    # Rounds are consecutive blocks of steps; each gives the ratio of its two medians.
+    size = len(timed) // rounds
+    timed = timed[: size * rounds]
+    blocks = [timed[index * size : (index + 1) * size] for index in range(rounds)]
+    round_medians: dict[str, list[float]] = {
+        f"{which}{kind}": [statistics.median(pair[side][part] for pair in b) for b in blocks]
+        for side, which in enumerate(("loop", "bare"))
+        for part, kind in enumerate(("", "_cpu"))
+    }
+    result = _report(timed, round_medians, steps[: size * rounds], rounds=rounds, workers=workers)
+    low, high = result["ratio_rounds"]["spread"]
+    loop, reference = result["loop"], result["bare"]
+    result["notes"] = [
+        f"step-time ratio {result['ratio']:.3f}, {low:.3f}-{high:.3f} across {rounds} "
+        f"blocks of {size} steps: {_verdict(result['ratio_rounds'])}; the loop adds "
+        f"{fmt_time(loop['median_s'] - reference['median_s'])} per step (the two loops in "
+        f"lockstep, one step each in turn, after {warmup} warm-up steps; steps after an "
+        f"epoch's end left out; compile and progress bar off in both; {workers} workers)",
+        "CPU time is this process's (all its threads, not DataLoader workers); with one "
+        "torch thread other programs barely move it, with several their waiting counts too",
+    ]
+    return result
+
+
+def _loop_config(ctx: Context, wanted: int) -> tuple[Config, int]:
+    """train()'s config for `wanted` timed steps, and its steps per epoch."""
     config = ctx.config
-    train_set = ctx.train_set
-    steps_per_epoch = len(train_set) // config.optim.batch_size // config.optim.grad_accum_steps  # type: ignore[arg-type]
+    step_samples = config.optim.batch_size * config.optim.grad_accum_steps
+    steps_per_epoch = len(ctx.train_set) // step_samples  # type: ignore[arg-type]
     if steps_per_epoch < 1:
         raise Skip("the training set is smaller than one optimizer step")
     # One step after each epoch's end is not timed (see `on_step`): that many more steps.
     total_steps = wanted + wanted // steps_per_epoch + 1
     epoch_steps = min(total_steps, steps_per_epoch)
-    run_dir = ctx.out / "loop-run"
     loop_config = config.replace(
         compile="off",
         epochs=math.ceil(total_steps / epoch_steps),
         max_steps_per_epoch=epoch_steps,
-        run_dir=str(run_dir),
+        run_dir=str(ctx.out / "loop-run"),
         resume=None,
         progress=False,
         tracker="none",  # the loop alone: a tracker's I/O is not what is measured
     )
+    return loop_config, epoch_steps
 
-    # The bare loop: same initial weights, same data and loader settings, same precision,
-    # clipping and learning-rate schedule (a different schedule gives different weights, and
-    # on a CPU the values can change the speed), no logging, metrics or checkpoints.
-    schedule_steps = loop_config.optim.epochs * epoch_steps
-    workers = utils.resolve_num_workers(config.data.num_workers, in_memory=True)
+
+def _bare_loop(ctx: Context, schedule_steps: int, workers: int) -> tuple[Callable[[], None], Any]:
+    """(one step of the bare loop, its endless batches to close).
+
+    Same initial weights, same data and loader settings, same precision, clipping and
+    learning-rate schedule as train() (a different schedule gives different weights, and on a
+    CPU the values can change the speed); no logging, metrics or checkpoints.
+    """
+    from ..train import lr_factor
+
+    config = ctx.config
     utils.seed_everything(config.run.seed)
-    loader = train_loader(ctx, train_set, workers)
+    loader = train_loader(ctx, ctx.train_set, workers)
     model = build_model_for(config, ctx.info).to(ctx.device)
     model.train()
     optimizer = make_optimizer(model, config, ctx.device)
@@ -108,9 +147,21 @@ def section_loop_overhead(ctx: Context) -> dict[str, Any]:
         scheduler.step()
         utils.synchronize(ctx.device)
 
-    # pairs[k] = (train()'s step k, the bare loop's step k): train()'s step is timed from the
-    # end of the previous pair's bare step to its own on_step call. Steps right after an
-    # epoch's end also hold its evaluation and checkpoint: left out, the figure is per step.
+    return bare_step, batches
+
+
+def _lockstep(
+    ctx: Context, loop_config: Config, epoch_steps: int, workers: int
+) -> dict[int, tuple[Stamp, Stamp]]:
+    """Run train() with the bare loop's step in its `on_step`: {step: (loop time, bare time)}.
+
+    train()'s step is timed from the end of the previous pair's bare step to its own on_step
+    call. Steps right after an epoch's end also hold its evaluation and checkpoint: left out,
+    the figure is per step.
+    """
+    from ..train import train
+
+    bare_step, batches = _bare_loop(ctx, loop_config.optim.epochs * epoch_steps, workers)
     pairs: dict[int, tuple[Stamp, Stamp]] = {}
     last: list[Stamp] = []
 
@@ -124,105 +175,82 @@ def section_loop_overhead(ctx: Context) -> dict[str, Any]:
             pairs[step] = (loop_time, bare_time)
         last[:] = [stamp()]
 
-    shutil.rmtree(run_dir, ignore_errors=True)  # a scratch run: an earlier one is not kept
+    # A scratch run: an earlier one is not kept.
+    shutil.rmtree(loop_config.run.run_dir, ignore_errors=True)
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             train(loop_config, on_step=on_step)
     finally:
         batches.close()
-    steps = [step for step in sorted(pairs) if step > warmup + 1][: rounds * ctx.loop_steps]
-    timed = [pairs[step] for step in steps]
-    if len(timed) < 2 * rounds:
-        raise Skip(f"train() reported only {len(timed)} timed steps")
-    # Rounds are consecutive blocks of steps; each gives the ratio of its two medians.
-    size = len(timed) // rounds
-    timed = timed[: size * rounds]
-    blocks = [timed[index * size : (index + 1) * size] for index in range(rounds)]
-    round_medians: dict[str, list[float]] = {
-        f"{which}{kind}": [statistics.median(pair[side][part] for pair in b) for b in blocks]
-        for side, which in enumerate(("loop", "bare"))
-        for part, kind in enumerate(("", "_cpu"))
-    }
+    return pairs
 
-    loop = quartiles([loop_time[0] for loop_time, _ in timed])
-    reference = quartiles([bare_time[0] for _, bare_time in timed])
+
+def _report(
+    timed: list[tuple[Stamp, Stamp]],
+    round_medians: dict[str, list[float]],
+    timed_steps: list[int],
+    *,
+    rounds: int,
+    workers: int,
+) -> dict[str, Any]:
+    """The section's record: wall and CPU-time quartiles, their ratios and the table."""
+    loop = _as_timing(quartiles([loop_time[0] for loop_time, _ in timed]))
+    reference = _as_timing(quartiles([bare_time[0] for _, bare_time in timed]))
     comparison = compare_rounds(round_medians["loop"], round_medians["bare"])
-    overhead = comparison["ratio"]
     # With one torch thread, CPU time per step barely moves when other programs compete for
     # the cores (wall time does): on a busy machine it is the steadier view of the loop's
     # own cost. With several threads it also counts the time they spin waiting for each other.
-    loop_cpu = quartiles([loop_time[1] for loop_time, _ in timed])
-    bare_cpu = quartiles([bare_time[1] for _, bare_time in timed])
+    loop_cpu = _as_timing(quartiles([loop_time[1] for loop_time, _ in timed]))
+    bare_cpu = _as_timing(quartiles([bare_time[1] for _, bare_time in timed]))
     cpu_comparison = (
         compare_rounds(round_medians["loop_cpu"], round_medians["bare_cpu"])
         if min(round_medians["bare_cpu"]) > 0
         else None
     )
-
-    def as_timing(stats: dict[str, float]) -> dict[str, float]:
-        return {"median_s": stats["median"], "iqr_s": stats["iqr"], "runs": stats["n"]}
-
     cpu_text = "n/a" if cpu_comparison is None else fmt_ratio(cpu_comparison, 3)
     rows = [
         [
             "train.train (on_step)",
-            fmt_timing(as_timing(loop)),
+            fmt_timing(loop),
             fmt_ratio(comparison, 3),
-            fmt_timing(as_timing(loop_cpu)),
+            fmt_timing(loop_cpu),
             cpu_text,
         ],
-        [
-            "bare loop",
-            fmt_timing(as_timing(reference)),
-            "1.000",
-            fmt_timing(as_timing(bare_cpu)),
-            "1.000",
-        ],
+        ["bare loop", fmt_timing(reference), "1.000", fmt_timing(bare_cpu), "1.000"],
     ]
-    low, high = comparison["spread"]
-    if comparison["within_noise"]:
-        verdict = "within noise of 1 (no measurable overhead)"
-    elif high <= 1.05:
-        verdict = "within the 1.05 target"
-    elif low > 1.05:
-        verdict = "above the 1.05 target"
-    else:
-        verdict = "spread across the 1.05 target: rerun on a quieter machine"
+    columns = ["", "median step ± IQR", "ratio (spread)", "CPU time/step ± IQR"]
     return {
-        "steps": size,
+        "steps": len(timed) // rounds,
         "pairing": "lockstep",
-        "timed_steps": steps[: size * rounds],
+        "timed_steps": timed_steps,
         "rounds": rounds,
         "workers": workers,
-        "loop": as_timing(loop),
-        "bare": as_timing(reference),
-        "ratio": overhead,
+        "loop": loop,
+        "bare": reference,
+        "ratio": comparison["ratio"],
         "ratio_rounds": comparison,
-        "overhead_per_step_s": loop["median"] - reference["median"],
+        "overhead_per_step_s": loop["median_s"] - reference["median_s"],
         "target": 1.05,
         "cpu_time": {
-            "loop": as_timing(loop_cpu),
-            "bare": as_timing(bare_cpu),
+            "loop": loop_cpu,
+            "bare": bare_cpu,
             "ratio": None if cpu_comparison is None else cpu_comparison["ratio"],
             "ratio_rounds": cpu_comparison,
         },
-        "table": {
-            "columns": [
-                "",
-                "median step ± IQR",
-                "ratio (spread)",
-                "CPU time/step ± IQR",
-                "CPU ratio (spread)",
-            ],
-            "rows": rows,
-        },
-        "notes": [
-            f"step-time ratio {overhead:.3f}, {low:.3f}-{high:.3f} across {rounds} "
-            f"blocks of {size} steps: {verdict}; the loop adds "
-            f"{fmt_time(loop['median'] - reference['median'])} per step (the two loops in "
-            f"lockstep, one step each in turn, after {warmup} warm-up steps; steps after an "
-            f"epoch's end left out; compile and progress bar off in both; {workers} workers)",
-            "CPU time is this process's (all its threads, not DataLoader workers); with one "
-            "torch thread other programs barely move it, with several their waiting counts too",
-        ],
+        "table": {"columns": [*columns, "CPU ratio (spread)"], "rows": rows},
     }
+
+
+def _as_timing(stats: dict[str, float]) -> dict[str, float]:
+    return {"median_s": stats["median"], "iqr_s": stats["iqr"], "runs": stats["n"]}
+
+
+def _verdict(comparison: dict[str, Any]) -> str:
+    low, high = comparison["spread"]
+    if comparison["within_noise"]:
+        return "within noise of 1 (no measurable overhead)"
+    if high <= 1.05:
+        return "within the 1.05 target"
+    if low > 1.05:
+        return "above the 1.05 target"
+    return "spread across the 1.05 target: rerun on a quieter machine"

@@ -8,6 +8,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from torch.utils.data import Dataset
+
 from .. import utils
 from ..data import build_datasets
 from .timing import Context, Skip, endless, fmt_timing, measure, quartiles, train_loader
@@ -35,18 +37,7 @@ def section_workers(ctx: Context) -> dict[str, Any]:
         raise Skip(f"the {ctx.task.name} task reads a memory-mapped token file: no workers")
     notes: list[str] = []
     with contextlib.ExitStack() as stack:
-        if ctx.data_dir is not None:
-            data_dir = ctx.data_dir
-            source = f"--data-dir {data_dir}"
-        else:
-            data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-")))
-            total = (8 if ctx.quick else 32) * config.optim.batch_size
-            size = max(64, 2 * config.data.image_size)
-            write_image_folder(data_dir, classes=config.data.num_classes, total=total, size=size)
-            source = (
-                f"temporary folder: {total} random {size}x{size} JPEGs in "
-                f"{config.data.num_classes} class folders (pass --data-dir to use yours)"
-            )
+        data_dir, source = _image_folder(ctx, stack)
         on_disk = config.replace(data_dir=str(data_dir))
         try:
             train_set, _, info = build_datasets(on_disk)
@@ -70,51 +61,8 @@ def section_workers(ctx: Context) -> dict[str, Any]:
         )
         cpus = utils.available_cpus()
         candidates = sorted({0, *(n for n in (1, 2, 4, 8, 16, 32) if n <= cpus), cpus, auto})
-        rows = []
-        for workers in candidates:
-            loader = train_loader(ctx, train_set, workers)
-            batches = endless(loader)
-            # Worker start-up and the first prefetched batches are paid once per run (the
-            # workers persist), so the steady rate is what is compared.
-            for _ in range(2 * workers + 2):
-                next(batches)
-            # Workers hand over batches in bursts (each prefetches ahead), so one block spans
-            # several batches per worker: what is timed is the sustained rate.
-            timing = measure(
-                lambda batches=batches: next(batches),
-                ctx,
-                warmup=0,
-                number=max(4, 2 * workers),
-                keep_times=True,
-            )
-            rates = quartiles([config.optim.batch_size / t for t in timing.pop("times_s")])
-            rows.append(
-                {
-                    "workers": workers,
-                    "samples_per_s": rates["median"],
-                    "iqr_samples_per_s": rates["iqr"],
-                    "batch_time": timing,
-                }
-            )
-            batches.close()  # shuts the workers down before the next count starts
-            del batches, loader
+        rows = [_time_workers(ctx, train_set, workers) for workers in candidates]
     fastest = max(rows, key=lambda row: row["samples_per_s"])["workers"]
-    table = [
-        [
-            str(r["workers"]),
-            f"{r['samples_per_s']:.0f} ± {r['iqr_samples_per_s']:.0f}",
-            fmt_timing(r["batch_time"]),
-            " ".join(
-                mark
-                for mark, on in (
-                    ("fastest", r["workers"] == fastest),
-                    ("auto", r["workers"] == auto),
-                )
-                if on
-            ),
-        ]
-        for r in rows
-    ]
     rates = {r["workers"]: r["samples_per_s"] for r in rows}
     auto_share = rates[auto] / rates[fastest]
     notes.append(
@@ -122,6 +70,7 @@ def section_workers(ctx: Context) -> dict[str, Any]:
         f"CPUs available: {cpus}); fastest here: {fastest}; auto reaches {auto_share:.0%} "
         "of the fastest in this sweep"
     )
+    columns = ["workers", "samples/s ± IQR", "batch time ± IQR", ""]
     return {
         "dataset": source,
         "batch_size": config.optim.batch_size,
@@ -130,6 +79,68 @@ def section_workers(ctx: Context) -> dict[str, Any]:
         "auto_share_of_fastest": auto_share,
         "fastest_workers": fastest,
         "sweep": rows,
-        "table": {"columns": ["workers", "samples/s ± IQR", "batch time ± IQR", ""], "rows": table},
+        "table": {"columns": columns, "rows": _table(rows, fastest, auto)},
         "notes": notes,
     }
+
+
+def _image_folder(ctx: Context, stack: contextlib.ExitStack) -> tuple[Path, str]:
+    """(--data-dir, or a temporary folder of JPEGs removed with `stack`; its description)."""
+    config = ctx.config
+    if ctx.data_dir is not None:
+        return ctx.data_dir, f"--data-dir {ctx.data_dir}"
+    data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-")))
+    total = (8 if ctx.quick else 32) * config.optim.batch_size
+    size = max(64, 2 * config.data.image_size)
+    write_image_folder(data_dir, classes=config.data.num_classes, total=total, size=size)
+    source = (
+        f"temporary folder: {total} random {size}x{size} JPEGs in "
+        f"{config.data.num_classes} class folders (pass --data-dir to use yours)"
+    )
+    return data_dir, source
+
+
+def _time_workers(ctx: Context, train_set: Dataset[Any], workers: int) -> dict[str, Any]:
+    """The sustained rate of the training DataLoader with `workers` workers."""
+    batch_size = ctx.config.optim.batch_size
+    loader = train_loader(ctx, train_set, workers)
+    batches = endless(loader)
+    # Worker start-up and the first prefetched batches are paid once per run (the workers
+    # persist), so the steady rate is what is compared.
+    for _ in range(2 * workers + 2):
+        next(batches)
+    # Workers hand over batches in bursts (each prefetches ahead), so one block spans several
+    # batches per worker: what is timed is the sustained rate.
+    timing = measure(
+        lambda batches=batches: next(batches),
+        ctx,
+        warmup=0,
+        number=max(4, 2 * workers),
+        keep_times=True,
+    )
+    rates = quartiles([batch_size / t for t in timing.pop("times_s")])
+    batches.close()  # shuts the workers down before the next count starts
+    del batches, loader
+    return {
+        "workers": workers,
+        "samples_per_s": rates["median"],
+        "iqr_samples_per_s": rates["iqr"],
+        "batch_time": timing,
+    }
+
+
+def _table(rows: list[dict[str, Any]], fastest: int, auto: int) -> list[list[str]]:
+    def marks(workers: int) -> str:
+        return " ".join(
+            mark for mark, on in (("fastest", workers == fastest), ("auto", workers == auto)) if on
+        )
+
+    return [
+        [
+            str(r["workers"]),
+            f"{r['samples_per_s']:.0f} ± {r['iqr_samples_per_s']:.0f}",
+            fmt_timing(r["batch_time"]),
+            marks(r["workers"]),
+        ]
+        for r in rows
+    ]
