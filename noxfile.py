@@ -29,6 +29,7 @@ interpreter running nox (it needs NO_VENV_MODULES below; see README, GPU checks)
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
@@ -315,21 +316,44 @@ def gpu(session: nox.Session) -> None:
         chosen = MATRIX
     else:
         chosen = _selected(session) if session.posargs else {n: MATRIX[n] for n in GPU_RENDERS}
-    env = {"PYTHONPATH": str(_hidden_extras())} if rehearse else {}
-    command = ["-m", "nox", "--no-venv", "-s", "gpu_rehearsal" if rehearse else "gpu"]
-    results = {}
-    for name, answers in chosen.items():
-        project = _render(session, BUILD / "gpu" / name, answers)
-        session.chdir(project)
-        try:  # the render's own session, in this interpreter (--no-venv: sys.executable)
-            _run(session, *command, env=env)
-            results[name] = "ok"
-        except CommandFailed:
-            results[name] = "FAILED"
+    projects = {name: _render(session, BUILD / "gpu" / name, a) for name, a in chosen.items()}
+    if rehearse:
+        results = _rehearse(session, projects)
+    else:
+        results = {}
+        for name, project in projects.items():
+            session.chdir(project)
+            try:  # the render's own session, in this interpreter (--no-venv: sys.executable)
+                _run(session, "-m", "nox", "--no-venv", "-s", "gpu")
+                results[name] = "ok"
+            except CommandFailed:
+                results[name] = "FAILED"
     session.log("GPU checks per render: " + ", ".join(f"{n} {r}" for n, r in results.items()))
     if "FAILED" in results.values():
         failed = [name for name, result in results.items() if result != "ok"]
         session.error(f"GPU checks failed in: {', '.join(failed)} (summary tables above)")
+
+
+def _rehearse(session: nox.Session, projects: dict[str, Path]) -> dict[str, str]:
+    """Each render's `nox --no-venv -s gpu_rehearsal`, side by side, one torch thread each
+    (most of each step is starting Python and importing torch, which one core serves); each
+    log is printed when its run ends."""
+    env = {**os.environ, **Env.run_env, "PYTHONPATH": str(_hidden_extras())}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    command = [Env.python, "-m", "nox", "--no-venv", "-s", "gpu_rehearsal"]
+    with contextlib.ExitStack() as stack:
+        running = {}
+        for name, project in projects.items():
+            log = stack.enter_context((project.parent / f"{name}.log").open("w+"))
+            running[name] = (subprocess.Popen(command, cwd=project, env=env, stdout=log,
+                                              stderr=subprocess.STDOUT), log)  # fmt: skip
+        results = {}
+        for name, (process, log) in running.items():
+            code = process.wait()
+            log.seek(0)
+            session.log(f"{name}: `nox --no-venv -s gpu_rehearsal` said:\n{log.read()}")
+            results[name] = "ok" if code == 0 else "FAILED"
+    return results
 
 
 # The generated projects' optional libraries, which the README's list for a GPU machine leaves

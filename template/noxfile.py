@@ -158,7 +158,7 @@ def gpu(session: nox.Session) -> None:
     if report.startswith(NO_CUDA):
         return
     low = "bf16" if "bf16 yes" in report else "fp16"
-    steps = _gpu_steps(package, device="cuda", low=low, ranks="gpu", sizes=GPU_SIZES, bench=[])
+    steps = _gpu_steps(package, device="cuda", low=low, ranks="gpu", shrink={"train": GPU_SIZES})
     steps["GPU test suite"] += session.posargs
     _run_steps(session, report, python, steps, env)
 
@@ -170,39 +170,45 @@ def gpu_rehearsal(session: nox.Session) -> None:
     _install(session, "test")
     _require_modules(session)
     python, package, env = _python(session), _package(), _env(session)
-    bench = [*REHEARSAL_SIZES, "--min-run-time", "0.01", "--loop-steps", "2"]
-    steps = _gpu_steps(
-        package, device="cpu", low="bf16", ranks="2", sizes=REHEARSAL_SIZES, bench=bench
-    )
-    # The GPU tests are collected, not run: an import or fixture error shows without a GPU.
-    steps["GPU test suite"] = [*steps["GPU test suite"], "--collect-only", "-q"]
+    steps = _gpu_steps(package, device="cpu", low="bf16", ranks="2", shrink=REHEARSAL_SHRINK)
     _run_steps(session, "CPU rehearsal (device cpu, sizes shrunk)", python, steps, env)
 
 
-# The data of the GPU session's training runs, and the rehearsal's: the same steps on CPU, with
-# the compile backend aot_eager (Dynamo's capture and AOT autograd, every flag still parsed and
-# applied, but no C++ kernels built: inductor on CPU is the generated suite's slow tests).
+# The data of the GPU session's training runs (also read by the profiler, tune, benchmark).
 GPU_SIZES = ["--epochs", "1", "--max-steps-per-epoch", "30", "--train-samples", "4096",
              "--val-samples", "500"]  # fmt: skip
-REHEARSAL_SIZES = ["--epochs", "1", "--max-steps-per-epoch", "2", "--train-samples", "64",
-                   "--val-samples", "32", "--batch-size", "16", "--num-workers", "0",
-                   "--compile-backend", "aot_eager"]  # fmt: skip
+# The rehearsal's flags, added per command: the same steps on CPU with tiny data, and the
+# compile backend aot_eager (Dynamo's capture and AOT autograd, every compile flag parsed and
+# applied, no C++ built: inductor on CPU is what the generated suite's slow tests run). The
+# GPU tests are collected, not run, so an import or fixture error shows without a GPU.
+REHEARSAL_SHRINK = {
+    "train": ["--epochs", "1", "--max-steps-per-epoch", "2", "--train-samples", "64",
+              "--val-samples", "32", "--batch-size", "16", "--num-workers", "0",
+              "--compile-backend", "aot_eager"],
+    "tests": ["tests/gpu", "--collect-only", "-q"],
+    "profiling": ["--profile-wait", "0", "--profile-warmup", "1", "--profile-steps", "1"],
+    "tune": ["--steps", "2", "--rounds", "2"],
+    "benchmark": ["--min-run-time", "0.01", "--loop-steps", "2"],
+    "generate": ["--max-new-tokens", "8"],
+}  # fmt: skip
 
 
 def _gpu_steps(
-    package: str, *, device: str, low: str, ranks: str, sizes: list[str], bench: list[str]
+    package: str, *, device: str, low: str, ranks: str, shrink: dict[str, list[str]]
 ) -> dict[str, list[str]]:
-    """The GPU session's commands (python's arguments), shared with its CPU rehearsal; `bench`
-    adds flags to the benchmark's (the rehearsal's shrink it).
+    """The GPU session's commands (python's arguments), shared with its CPU rehearsal, which
+    adds `shrink[kind]` to each (`train`: every command that trains or measures training).
 
     `--tracker none`: the checks measure training, not a tracker; the project's default
     tracker may lack its package, or upload runs where a key is set.
     """
     out = Path("runs", "gpu-check")
-    small = ["--device", device, *sizes, "--progress", "false", "--tracker", "none"]
+    small = ["--device", device, *shrink.get("train", []), "--progress", "false",
+             "--tracker", "none"]  # fmt: skip
     train = ["-m", f"{package}.train", *small]
-    return {
-        "GPU test suite": ["-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider"],
+    steps = {
+        "GPU test suite": ["-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider",
+                           *shrink.get("tests", [])],
         "compile default": [*train, "--compile", "on", "--run-dir", str(out / "compile-default")],
         "compile reduce-overhead": [*train, "--compile", "on", "--compile-mode",
                                     "reduce-overhead", "--run-dir", str(out / "reduce-overhead")],
@@ -211,11 +217,19 @@ def _gpu_steps(
         "torchrun DDP fp16 + accum 2": ["-m", "torch.distributed.run", "--standalone",
                                         f"--nproc_per_node={ranks}", *train, "--precision", "fp16",
                                         "--grad-accum-steps", "2", "--run-dir", str(out / "ddp")],
-        "profiler": ["-m", f"{package}.profiling", *small, "--out", str(out / "profile")],
-        f"benchmark --quick {low}": ["-m", f"{package}.benchmark", "--quick", "--device",
-                                     device, "--precision", low, "--out", str(out / "bench"),
-                                     *bench],
+        "profiler": ["-m", f"{package}.profiling", *small, *shrink.get("profiling", []),
+                     "--out", str(out / "profile")],
+        "tune --quick": ["-m", f"{package}.tune", "--quick", *small, *shrink.get("tune", []),
+                         "--out", str(out / "tuned.toml")],
+        f"benchmark --quick {low}": ["-m", f"{package}.benchmark", "--quick", *small,
+                                     "--precision", low, *shrink.get("benchmark", []),
+                                     "--out", str(out / "bench")],
     }  # fmt: skip
+    if Path("src", package, "generate.py").is_file():  # a language model: sample from a run
+        checkpoint = out / "compile-default" / "checkpoints" / "last.pt"
+        steps["generate"] = ["-m", f"{package}.generate", "--checkpoint", str(checkpoint),
+                             "--device", device, *shrink.get("generate", [])]  # fmt: skip
+    return steps
 
 
 def _run_steps(
