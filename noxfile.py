@@ -6,8 +6,9 @@
     nox -s tests     the template's pytest suite: rendering, answers, render matrix, update
     nox -s update    only the `copier update` tests
     nox -s gpu       on a GPU machine: render, run the project's GPU checks (`nox -s gpu` in the
-                     render: GPU suite, torchrun DDP, compile modes, profiler, benchmark) and a
-                     summary; skips without a GPU, fails when one is there but torch cannot use it
+                     render: GPU suite, torchrun DDP, compile modes, profiler, tune, benchmark)
+                     and a summary; without a GPU the same commands on CPU (`gpu_rehearsal`),
+                     fails when a GPU is there but torch cannot use it
     nox -s lint      ruff over the template's own Python and over every rendered project
     nox -s typecheck mypy over the noxfile and tests/, then over every rendered project
     nox -s docs      build the documentation site with mkdocs --strict into build/site
