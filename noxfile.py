@@ -6,8 +6,9 @@
     nox -s tests     the template's pytest suite: rendering, answers, render matrix, update
     nox -s update    only the `copier update` tests
     nox -s gpu       on a GPU machine: render, run the project's GPU checks (`nox -s gpu` in the
-                     render: GPU suite, torchrun DDP, compile modes, profiler, benchmark) and a
-                     summary; skips without a GPU, fails when one is there but torch cannot use it
+                     render: GPU suite, torchrun DDP, compile modes, profiler, tune, benchmark)
+                     and a summary; without a GPU the same commands on CPU (`gpu_rehearsal`),
+                     fails when a GPU is there but torch cannot use it
     nox -s lint      ruff over the template's own Python and over every rendered project
     nox -s typecheck mypy over the noxfile and tests/, then over every rendered project
     nox -s docs      build the documentation site with mkdocs --strict into build/site
@@ -22,13 +23,14 @@ the wheel as in the generated projects (`auto`: the CPU build on a machine witho
 `none`: whatever the configured package indexes hold).
 
 On a GPU machine with torch preinstalled and no package index, skip the environment and use the
-`python` on PATH (it needs torch, copier and pytest; see README, GPU checks):
+interpreter running nox (it needs NO_VENV_MODULES below; see README, GPU checks):
 
     nox --no-venv -s gpu
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
@@ -81,6 +83,9 @@ ENV_PACKAGES = [
     "mkdocs-material>=9.5",  # the docs session and tests/test_docs.py build the site
 ]
 NO_CUDA = "no CUDA device: GPU checks skipped"
+# What `nox --no-venv -s gpu` imports (README, GPU checks): copier renders, nox runs each
+# render's session, pytest its GPU tests; the rest are the generated projects' dependencies.
+NO_VENV_MODULES = ["torch", "copier", "pytest", "nox", "tyro", "tqdm", "numpy", "PIL"]
 # The generated projects' GPU probe, stand-alone (stdlib + torch), so it runs by path here.
 CUDA_CHECK = ROOT / "template" / "src" / "{{ package_name }}" / "cuda_check.py"
 PY_VERSION = "import sys; print('%d.%d' % sys.version_info[:2])"
@@ -124,8 +129,9 @@ class Env:
 @nox.session(reuse_venv=True, default=False)
 def env(session: nox.Session) -> None:
     """Build the shared environment (run on demand by the other sessions)."""
-    if session.venv_backend == "none":  # --no-venv: take the interpreter as it is
-        _require_modules(session, ["torch", "copier", "pytest"])
+    if session.venv_backend == "none":  # --no-venv: take the interpreter running nox as it is
+        Env.python = sys.executable  # as the generated projects' sessions do (not PATH's python)
+        _require_modules(session, NO_VENV_MODULES)
         return
     args, env = _torch_source(session)
     uv_args = _pip_config_for_uv() if session.venv_backend == "uv" else []
@@ -190,16 +196,18 @@ def _pip_config_for_uv() -> list[str]:
 
 def _require_modules(session: nox.Session, modules: list[str]) -> None:
     missing = session.run(
-        "python",
+        Env.python,
         "-c",
         "import importlib.util as u, sys; "
         "print(' '.join(m for m in sys.argv[1:] if u.find_spec(m) is None))",
         *modules,
         silent=True,
+        external=True,
     )
     if str(missing).strip():
         session.error(
-            f"--no-venv uses the `python` on PATH, which lacks: {str(missing).strip()}; "
+            f"--no-venv uses the python running nox ({Env.python}), which lacks: "
+            f"{str(missing).strip()}; "
             "install them there (offline: pip install --no-index --find-links <wheel folder>)"
         )
 
@@ -292,34 +300,76 @@ def gpu(session: nox.Session) -> None:
     suite, compiled training (default and reduce-overhead), deterministic + compile, torchrun
     DDP with fp16 and accumulation, the profiler and `benchmark --quick`, then that session's
     summary table.
-    Without a GPU it skips; with a GPU that torch cannot use it fails, saying why.
+    Without a GPU it rehearses: each render's `gpu_rehearsal` runs the same commands on CPU
+    with small sizes (the GPU tests collected, not run) and the tracker libraries hidden, as
+    on a GPU machine that has only the packages the README lists. With a GPU that torch
+    cannot use it fails, saying why.
     """
     # Exit 1 when a GPU is there but torch cannot use it. run_path: running the file itself
     # would put its folder (utils.py, data.py, ...) first on sys.path, shadowing real modules.
     probe = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')"
     report = str(_run(session, "-c", probe, CUDA_CHECK, silent=True)).strip()
     session.log(report)
-    if report.startswith(NO_CUDA):
-        return
-    if Env.python == "python":  # --no-venv: the render's session needs nox in this python
-        _require_modules(session, ["nox"])
+    rehearse = report.startswith(NO_CUDA)
+    if rehearse:
+        session.log("no CUDA: rehearsing every GPU command on CPU instead (gpu_rehearsal)")
     if session.posargs == ["all"]:
         chosen = MATRIX
     else:
         chosen = _selected(session) if session.posargs else {n: MATRIX[n] for n in GPU_RENDERS}
-    results = {}
-    for name, answers in chosen.items():
-        project = _render(session, BUILD / "gpu" / name, answers)
-        session.chdir(project)
-        try:  # the render's own session, in this interpreter (--no-venv: sys.executable)
-            _run(session, "-m", "nox", "--no-venv", "-s", "gpu")
-            results[name] = "ok"
-        except CommandFailed:
-            results[name] = "FAILED"
+    projects = {name: _render(session, BUILD / "gpu" / name, a) for name, a in chosen.items()}
+    if rehearse:
+        results = _rehearse(session, projects)
+    else:
+        results = {}
+        for name, project in projects.items():
+            session.chdir(project)
+            try:  # the render's own session, in this interpreter (--no-venv: sys.executable)
+                _run(session, "-m", "nox", "--no-venv", "-s", "gpu")
+                results[name] = "ok"
+            except CommandFailed:
+                results[name] = "FAILED"
     session.log("GPU checks per render: " + ", ".join(f"{n} {r}" for n, r in results.items()))
     if "FAILED" in results.values():
         failed = [name for name, result in results.items() if result != "ok"]
         session.error(f"GPU checks failed in: {', '.join(failed)} (summary tables above)")
+
+
+def _rehearse(session: nox.Session, projects: dict[str, Path]) -> dict[str, str]:
+    """Each render's `nox --no-venv -s gpu_rehearsal`, side by side, one torch thread each
+    (most of each step is starting Python and importing torch, which one core serves); each
+    log is printed when its run ends."""
+    env = {**os.environ, **Env.run_env, "PYTHONPATH": str(_hidden_extras())}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    command = [Env.python, "-m", "nox", "--no-venv", "-s", "gpu_rehearsal"]
+    with contextlib.ExitStack() as stack:
+        running = {}
+        for name, project in projects.items():
+            log = stack.enter_context((project.parent / f"{name}.log").open("w+"))
+            running[name] = (subprocess.Popen(command, cwd=project, env=env, stdout=log,
+                                              stderr=subprocess.STDOUT), log)  # fmt: skip
+        results = {}
+        for name, (process, log) in running.items():
+            code = process.wait()
+            log.seek(0)
+            session.log(f"{name}: `nox --no-venv -s gpu_rehearsal` said:\n{log.read()}")
+            results[name] = "ok" if code == 0 else "FAILED"
+    return results
+
+
+# The generated projects' optional libraries, which the README's list for a GPU machine leaves
+# out: the rehearsal hides them, so a GPU command that needs one fails here as it would there.
+HIDDEN_EXTRAS = ["wandb", "mlflow", "tensorboard", "optuna"]
+
+
+def _hidden_extras() -> Path:
+    """A folder that, first on PYTHONPATH, makes each of HIDDEN_EXTRAS fail to import."""
+    folder = BUILD / "gpu" / "hidden-extras"
+    for name in HIDDEN_EXTRAS:
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        message = f"{name} is hidden by the GPU rehearsal: the README does not list it"
+        (folder / name / "__init__.py").write_text(f"raise ModuleNotFoundError({message!r})\n")
+    return folder
 
 
 @nox.session(venv_backend="none", requires=["env"])

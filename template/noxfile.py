@@ -57,6 +57,27 @@ def _python(session: nox.Session) -> str:
     return sys.executable if _uses_current_interpreter(session) else "python"
 
 
+# What the GPU session imports under --no-venv: the project's dependencies and pytest.
+NO_VENV_MODULES = ["torch", "pytest", "tyro", "tqdm", "numpy", "PIL"]
+
+
+def _require_modules(session: nox.Session) -> None:
+    """Under --no-venv, fail with one line naming every module the interpreter lacks."""
+    if not _uses_current_interpreter(session):
+        return
+    find = (
+        "import importlib.util as u, sys; print(*(m for m in sys.argv[1:] if not u.find_spec(m)))"
+    )
+    missing = str(
+        session.run(sys.executable, "-c", find, *NO_VENV_MODULES, silent=True, external=True)
+    ).strip()
+    if missing:
+        session.error(
+            f"--no-venv uses the python running nox ({sys.executable}), which lacks: {missing}; "
+            "install them there (offline: pip install --no-index --find-links <wheel folder>)"
+        )
+
+
 def _groups(*names: str) -> tuple[str, ...]:
     """The requirements of pyproject.toml's dependency groups (any pip or uv can install)."""
     return nox.project.dependency_groups(PYPROJECT, *names)
@@ -127,6 +148,7 @@ def gpu(session: nox.Session) -> None:
     """Every GPU path once, then a summary table; skips without a GPU, FAILS with one that
     torch cannot use (`nox -s gpu -- -k ddp` passes arguments on to the GPU tests)."""
     _install(session, "test")
+    _require_modules(session)
     python, package, env = _python(session), _package(), _env(session)
     # One line: torch, its CUDA, the GPUs, the driver; exit 1 if a GPU is there but unusable.
     report = str(
@@ -136,24 +158,84 @@ def gpu(session: nox.Session) -> None:
     if report.startswith(NO_CUDA):
         return
     low = "bf16" if "bf16 yes" in report else "fp16"
+    steps = _gpu_steps(package, device="cuda", low=low, ranks="gpu", shrink={"train": GPU_SIZES})
+    steps["GPU test suite"] += session.posargs
+    _run_steps(session, report, python, steps, env)
+
+
+@nox.session(default=False)
+def gpu_rehearsal(session: nox.Session) -> None:
+    """`nox -s gpu`'s commands on CPU, sizes shrunk: every flag combination the GPU session
+    runs is parsed and trained here, so only what needs CUDA is left for the GPU machine."""
+    _install(session, "test")
+    _require_modules(session)
+    python, package, env = _python(session), _package(), _env(session)
+    steps = _gpu_steps(package, device="cpu", low="bf16", ranks="2", shrink=REHEARSAL_SHRINK)
+    _run_steps(session, "CPU rehearsal (device cpu, sizes shrunk)", python, steps, env)
+
+
+# The data of the GPU session's training runs (also read by the profiler, tune, benchmark).
+GPU_SIZES = ["--epochs", "1", "--max-steps-per-epoch", "30", "--train-samples", "4096",
+             "--val-samples", "500"]  # fmt: skip
+# The rehearsal's flags, added per command: the same steps on CPU with tiny data, and the
+# compile backend aot_eager (Dynamo's capture and AOT autograd, every compile flag parsed and
+# applied, no C++ built: inductor on CPU is what the generated suite's slow tests run). The
+# GPU tests are collected, not run, so an import or fixture error shows without a GPU.
+REHEARSAL_SHRINK = {
+    "train": ["--epochs", "1", "--max-steps-per-epoch", "2", "--train-samples", "64",
+              "--val-samples", "32", "--batch-size", "16", "--num-workers", "0",
+              "--compile-backend", "aot_eager"],
+    "tests": ["tests/gpu", "--collect-only", "-q"],
+    "profiling": ["--profile-wait", "0", "--profile-warmup", "1", "--profile-steps", "1"],
+    "tune": ["--steps", "2", "--rounds", "2"],
+    "benchmark": ["--min-run-time", "0.01", "--loop-steps", "2"],
+    "generate": ["--max-new-tokens", "8"],
+}  # fmt: skip
+
+
+def _gpu_steps(
+    package: str, *, device: str, low: str, ranks: str, shrink: dict[str, list[str]]
+) -> dict[str, list[str]]:
+    """The GPU session's commands (python's arguments), shared with its CPU rehearsal, which
+    adds `shrink[kind]` to each (`train`: every command that trains or measures training).
+
+    `--tracker none`: the checks measure training, not a tracker; the project's default
+    tracker may lack its package, or upload runs where a key is set.
+    """
     out = Path("runs", "gpu-check")
-    small = ["--device", "cuda", "--epochs", "1", "--max-steps-per-epoch", "30",
-             "--train-samples", "4096", "--val-samples", "500", "--progress", "false"]  # fmt: skip
+    small = ["--device", device, *shrink.get("train", []), "--progress", "false",
+             "--tracker", "none"]  # fmt: skip
     train = ["-m", f"{package}.train", *small]
     steps = {
-        "GPU test suite": ["-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", *session.posargs],
+        "GPU test suite": ["-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider",
+                           *shrink.get("tests", [])],
         "compile default": [*train, "--compile", "on", "--run-dir", str(out / "compile-default")],
         "compile reduce-overhead": [*train, "--compile", "on", "--compile-mode",
                                     "reduce-overhead", "--run-dir", str(out / "reduce-overhead")],
         "deterministic + compile": [*train, "--compile", "on", "--deterministic",
                                     "--run-dir", str(out / "deterministic")],
         "torchrun DDP fp16 + accum 2": ["-m", "torch.distributed.run", "--standalone",
-                                        "--nproc_per_node=gpu", *train, "--precision", "fp16",
+                                        f"--nproc_per_node={ranks}", *train, "--precision", "fp16",
                                         "--grad-accum-steps", "2", "--run-dir", str(out / "ddp")],
-        "profiler": ["-m", f"{package}.profiling", *small, "--out", str(out / "profile")],
-        f"benchmark --quick {low}": ["-m", f"{package}.benchmark", "--quick", "--device",
-                                     "cuda", "--precision", low, "--out", str(out / "bench")],
+        "profiler": ["-m", f"{package}.profiling", *small, *shrink.get("profiling", []),
+                     "--out", str(out / "profile")],
+        "tune --quick": ["-m", f"{package}.tune", "--quick", *small, *shrink.get("tune", []),
+                         "--out", str(out / "tuned.toml")],
+        f"benchmark --quick {low}": ["-m", f"{package}.benchmark", "--quick", *small,
+                                     "--precision", low, *shrink.get("benchmark", []),
+                                     "--out", str(out / "bench")],
     }  # fmt: skip
+    if Path("src", package, "generate.py").is_file():  # a language model: sample from a run
+        checkpoint = out / "compile-default" / "checkpoints" / "last.pt"
+        steps["generate"] = ["-m", f"{package}.generate", "--checkpoint", str(checkpoint),
+                             "--device", device, *shrink.get("generate", [])]  # fmt: skip
+    return steps
+
+
+def _run_steps(
+    session: nox.Session, report: str, python: str, steps: dict[str, list[str]], env: dict[str, str]
+) -> None:
+    """Run every step (a failure does not stop the next), print the summary, fail if any did."""
     results = [_timed(session, name, [python, *args], env) for name, args in steps.items()]
     session.log(_summary(report, results))
     failed = [name for name, ok, _ in results if not ok]

@@ -71,6 +71,9 @@ COVERED_BY_PROJECT_TESTS = {f"{PACKAGE}.benchmark", "torch.distributed.run"}
 # Project nox sessions cheap enough to execute here with --no-venv (the `tests` session is the
 # project's whole suite, which the render matrix runs: tests/test_matrix.py).
 CHEAP_PROJECT_SESSIONS = {"gpu", "lint"}
+# Project sessions that the template's `gpu` session (which .ci/run runs) runs in every GPU
+# render when there is no CUDA device, as CI has none.
+RUN_BY_TEMPLATE_GPU = {"gpu_rehearsal"}
 
 
 @dataclass

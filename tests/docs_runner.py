@@ -21,6 +21,7 @@ from types import SimpleNamespace
 from docs_collect import (
     CHEAP_PROJECT_SESSIONS,
     PACKAGE,
+    RUN_BY_TEMPLATE_GPU,
     SHRINK,
     SHRINK_BY_MODULE,
     Command,
@@ -313,7 +314,9 @@ def check_nox(command, words, template_sessions, ci_sessions, project_sessions) 
     for session in sessions:
         in_template = session in template_sessions and session in ci_sessions
         in_project = session in project_sessions and (
-            session in CHEAP_PROJECT_SESSIONS or session == "tests"
+            session in CHEAP_PROJECT_SESSIONS
+            or session == "tests"
+            or (session in RUN_BY_TEMPLATE_GPU and "gpu" in ci_sessions)
         )
         if not (in_template or in_project):
             return (

@@ -35,15 +35,21 @@ def _bin(folder: Path, name: str, script: str) -> Path:
     return folder
 
 
-def _nox(cwd: Path, *extra_path: Path) -> tuple[int, str]:
-    # The interpreter running these tests has torch and nox; PATH keeps it reachable too
-    # (the template's `env` session checks modules with the `python` on PATH).
+def _nox(cwd: Path, *extra_path: Path, hide: str = "", tmp: Path | None = None) -> tuple[int, str]:
+    # The interpreter running these tests has torch and nox; PATH keeps it reachable too.
     path = [*map(str, extra_path), str(Path(sys.executable).parent), os.environ["PATH"]]
+    env = {"PATH": os.pathsep.join(path)}
+    if hide and tmp:  # a module made unimportable in every python the session starts
+        (tmp / "hide").mkdir()
+        (tmp / "hide" / "sitecustomize.py").write_text(
+            f"import sys\nsys.modules[{hide!r}] = None\n"
+        )
+        env["PYTHONPATH"] = str(tmp / "hide")
     result = run(
         [sys.executable, "-m", "nox", "--no-venv", "-s", "gpu"],
         cwd,
         check=False,
-        env={"PATH": os.pathsep.join(path)},
+        env=env,
         timeout=600,
     )
     return result.returncode, result.stdout + result.stderr
@@ -71,3 +77,12 @@ def test_the_template_session_fails_on_a_gpu_machine_whose_torch_has_no_cuda(tmp
     assert code != 0, output
     assert BROKEN in output and "CPU-only build" in output
     assert "-m copier copy" not in output  # it stopped before rendering anything
+
+
+@pytest.mark.parametrize("where", ["project", "template"])
+def test_no_venv_names_a_missing_dependency_before_running_anything(project, tmp_path, where):
+    """tyro (imported at startup by config_parsing.py) went unchecked: the session started."""
+    code, output = _nox(project if where == "project" else ROOT, hide="tyro", tmp=tmp_path)
+    assert code != 0, output
+    assert "lacks: tyro" in output and "--no-venv uses the python running nox" in output
+    assert NO_CUDA not in output and "-m copier copy" not in output

@@ -7,6 +7,7 @@ reductions do nothing.
 
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,25 @@ class Context:
         return self.rank == 0
 
 
+TIMEOUT_VARIABLE = "DIST_TIMEOUT_MINUTES"
+
+
+def collective_timeout() -> datetime.timedelta | None:
+    """How long a rank waits in one collective before the job fails (NCCL's watchdog, gloo's
+    wait): DIST_TIMEOUT_MINUTES when set, else torch's default (10 minutes for NCCL, 30 for
+    gloo). Raise it when one rank does long work while the others wait (a large save)."""
+    text = os.environ.get(TIMEOUT_VARIABLE)
+    if text is None:
+        return None
+    try:
+        minutes = float(text)
+    except ValueError:
+        minutes = -1.0
+    if not 0 < minutes < float("inf"):
+        raise ValueError(f"{TIMEOUT_VARIABLE} must be a number of minutes > 0, got {text!r}")
+    return datetime.timedelta(minutes=minutes)
+
+
 def setup(device_name: str) -> Context:
     """Join the torchrun process group if there is one: NCCL on CUDA, gloo on CPU.
 
@@ -52,10 +72,10 @@ def setup(device_name: str) -> Context:
             "cuda", local_gpu(local_rank, local_world_size, torch.cuda.device_count())
         )
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
+        dist.init_process_group("nccl", device_id=device, timeout=collective_timeout())
     elif device_name in ("auto", "cpu"):
         device = torch.device("cpu")
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=collective_timeout())
     else:
         raise ValueError(
             f"--device {device_name} is not available for a torchrun run "

@@ -193,7 +193,7 @@ def _agree(
     """
     if not ctx.enabled:
         return not bool(healthy), stop
-    flags = torch.stack([~healthy, torch.tensor(stop, device=device)]).float()
+    flags = torch.stack([~healthy, torch.full((), stop, device=device)]).float()  # no copy
     blew_up, stop_all = distributed.all_reduce(flags, op="max").tolist()
     return blew_up > 0, stop_all > 0
 

@@ -214,7 +214,12 @@ def _git_state(folder: Path) -> tuple[str | None, bool | None]:
 
 
 def peak_memory(device: torch.device) -> dict[str, float]:
-    """The most memory the run's tensors held on a CUDA device so far (nothing elsewhere)."""
+    """The most memory the run's tensors held on a CUDA device so far, and the most the
+    caching allocator reserved (what runs out first: freed blocks stay reserved, fragmented),
+    in GiB; nothing elsewhere."""
     if device.type != "cuda":
         return {}
-    return {"peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30}
+    return {
+        "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+        "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,
+    }

@@ -124,17 +124,14 @@ def checkpoint_activations(module: nn.Module) -> None:
 @contextlib.contextmanager
 def no_sync(model: nn.Module) -> Iterator[None]:
     """Skip the gradient reduction of the backward passes inside (all but the last micro-batch
-    of a step): DDP's `no_sync`, FSDP2's `set_requires_gradient_sync(False)`."""
-    inner = utils.unwrap_model(model)
+    of a step) under DDP (`no_sync`). Not under FSDP2: there `set_requires_gradient_sync(False)`
+    keeps every unit's full, unsharded gradient on every rank until the last micro-batch (DDP's
+    gradient memory, where accumulation is meant to save memory); each micro-batch's gradients
+    are reduce-scattered and accumulate in the sharded `.grad` instead, one reduce-scatter per
+    micro-batch (the same sum: the reduction is linear)."""
     if isinstance(model, DistributedDataParallel):
         with model.no_sync():
             yield
-    elif isinstance(inner, FSDPModule):
-        inner.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            inner.set_requires_gradient_sync(True)
     else:
         yield
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from . import data, distributed, mfu, utils
+from . import data, distributed, mfu, parallel, utils
 from . import model as user_model
 from .config import Config, ConfigError
 from .data import DataInfo
@@ -169,7 +169,15 @@ def blow_up_error(
                 rerun_loss = cross_entropy(*task.outputs(model, inputs, targets))
             rerun_loss.backward()
 
-    finding = utils.diagnose_nonfinite(model, rerun)
+    if parallel.is_sharded(model):
+        # FSDP2's forward and backward are collectives: anomaly mode raising mid-backward on
+        # the one rank whose data made the NaN would leave the others in a reduce-scatter.
+        finding = (
+            "not re-run to find the layer under FSDP2 (every re-run op would be a collective "
+            "all ranks must join); rerun with --parallel ddp to locate it"
+        )
+    else:
+        finding = utils.diagnose_nonfinite(model, rerun)
     distributed.barrier()  # leave together: see the barrier at the end of train()
     what = "loss" if not math.isfinite(loss_value) else "gradient norm"
     return utils.NonFiniteLossError(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import gc
 import io
 import itertools
 import statistics
@@ -219,7 +220,12 @@ def worker_candidates(config: Config, in_memory: bool) -> list[Trial]:
 
 
 def largest_batch(config: Config, device: torch.device, steps: int) -> tuple[int | None, str]:
-    """The largest power-of-two multiple of --batch-size whose training step fits in memory."""
+    """The largest power-of-two multiple of --batch-size whose training step fits in memory.
+
+    Compiled graphs and CUDA-graph pools of each trial are freed before the next (else later
+    sizes look smaller than they are). An out-of-memory raised inside inductor's compilation
+    arrives wrapped in another error; any other failure stops the search, keeping what fitted.
+    """
     if device.type != "cuda":
         return None, "not searched: only on accelerators (a CPU has no memory wall to find)"
     fits, size = config.optim.batch_size, config.optim.batch_size
@@ -227,14 +233,34 @@ def largest_batch(config: Config, device: torch.device, steps: int) -> tuple[int
         size *= 2
         try:
             time_steps(config.replace(batch_size=size), 1, 1)
-        except torch.OutOfMemoryError:
-            break
-        except (ConfigError, ValueError) as error:  # e.g. a dataset smaller than the batch
-            return fits, f"stopped at {fits}: {str(error).splitlines()[0]}"
+        except (ConfigError, ValueError, RuntimeError) as error:  # OutOfMemoryError included
+            if _out_of_memory(error):
+                break
+            return fits, f"stopped at {fits}: {(str(error).splitlines() or [repr(error)])[0]}"
+        finally:
+            _free_device_memory()
         fits = size
-        torch.cuda.empty_cache()
-    torch.cuda.empty_cache()
     return fits, "largest power-of-two multiple of --batch-size that fits (up to 64x)"
+
+
+def _out_of_memory(error: BaseException | None) -> bool:
+    """True for an out-of-memory error, or one raised while handling or because of one."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _free_device_memory() -> None:
+    """Drop compiled graphs (and their CUDA-graph pools), then the cached blocks."""
+    import torch._dynamo  # here: the import takes a second, and only the batch search needs it
+
+    torch._dynamo.reset()
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def write_toml(

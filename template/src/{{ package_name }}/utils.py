@@ -764,17 +764,13 @@ def set_tf32(enabled: bool) -> None:
     multiply; inputs, outputs and accumulation stay fp32. It makes fp32 matmuls several times
     faster on Ampere or newer, and changes nothing on CPUs or older GPUs. PyTorch's own
     defaults are IEEE fp32 for matmuls and TF32 for cuDNN convolutions; this sets both one
-    way. Only the current API (`fp32_precision`) is used: PyTorch raises when the legacy
-    `allow_tf32` flags are read after the new ones were set, so do not mix them.
+    way. Through the legacy API, which (torch 2.9 to 2.13 at least) also sets the new
+    `fp32_precision` attributes consistently: writing only the new ones makes
+    `torch.get_float32_matmul_precision()` and `cudnn.allow_tf32` raise ("mix of the legacy
+    and new APIs"), and inductor's autotuner (`--compile-mode max-autotune*`) reads the first.
     """
-    precision = "tf32" if enabled else "ieee"
-    cudnn_conv = getattr(torch.backends.cudnn, "conv", None)  # not in torch's stubs yet
-    if cudnn_conv is None:  # an older torch, which has only the legacy flags: no mixing there
-        torch.backends.cuda.matmul.allow_tf32 = enabled
-        torch.backends.cudnn.allow_tf32 = enabled
-        return
-    torch.backends.cuda.matmul.fp32_precision = precision
-    cudnn_conv.fp32_precision = precision
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+    torch.backends.cudnn.allow_tf32 = enabled
 
 
 def synchronize(device: torch.device) -> None:
