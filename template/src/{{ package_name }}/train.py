@@ -31,7 +31,7 @@ import torch
 from torch.profiler import record_function
 from tqdm import tqdm
 
-from . import checkpoint, distributed, parallel, rundir, sharded_checkpoint, utils
+from . import checkpoint, distributed, finetune, parallel, rundir, sharded_checkpoint, utils
 from .checkpoint import Interrupted, SaveError
 from .config import Config, ConfigError, parse_config
 from .data import ResumableSampler, shard
@@ -135,6 +135,7 @@ def train(
 
         # ---- model --------------------------------------------------------------------------
         raw_model = build_model_for(config, info).to(device)
+        finetune.init_from(raw_model, config, log)  # --init-from, --freeze: before wrapping
         # FLOPs counted once (on a meta copy of the model, before FSDP adds its hooks), peaks
         # measured once: two divisions per log line (mfu.py).
         utilization = task.utilization(raw_model, config, info, device, ctx.is_main)
@@ -252,7 +253,7 @@ def train(
             if rundir.any_rank(failure is not None, device):
                 raise failure or SaveError("rank 0 could not write the checkpoint; see its message")
 
-        run = run_record(config.flat(), device, ctx.world_size)
+        run = {**run_record(config.flat(), device, ctx.world_size), **task.record()}
         writer = MetricsWriter(
             run_dir,
             enabled=ctx.is_main,
