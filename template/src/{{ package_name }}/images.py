@@ -220,8 +220,9 @@ def measure_mean_std(
 
 
 def dataset_key(root: Path, image_size: int, samples: int, detail: str) -> str:
-    """What a cached mean/std is keyed by: the folder (and its modification time, which
-    changes when files are added or removed), the image size, the sample count, the split."""
+    """What a cached mean/std is keyed by: the folder and its modification time (which
+    changes when a class folder is added or removed), the image size, the number of images
+    and the split. Replacing images under the same names keeps the key: delete the cache."""
     stamp = root.stat().st_mtime_ns if root.exists() else 0
     return f"{root.resolve()}|{stamp}|{image_size}|{samples}|{detail}"
 
