@@ -106,6 +106,7 @@ class Runner:
         git_init_commit(self.project)  # a clean tree, as `copier update` requires
         self.env = {**os.environ, "PYTHONPATH": str(self.project / "src")}
         self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env['PATH']}"
+        self.made: list[str] = []  # folders an earlier example_data step on the page writes
 
     def isolated(self) -> Path:
         """A fresh copy of the project, for a command that runs beside the others."""
@@ -123,8 +124,11 @@ class Runner:
     def module_step(self, module: str, args: list[str]) -> dict:
         short = module.rsplit(".", 1)[-1]
         language_model = (self.project / "src" / PACKAGE / "text.py").exists()
+        if short == "example_data" and args:
+            self.made.append(args[0].rstrip("/") + "/")
         data_dir = flag_value(args, "--data-dir")
-        if data_dir and not (self.project / data_dir).exists():
+        made = data_dir and any((data_dir + "/").startswith(m) for m in self.made)
+        if data_dir and not made and not (self.project / data_dir).exists():
             (fake_text_folder if language_model else fake_image_folder)(self.project / data_dir)
         shrink = SHRINK_BY_MODULE.get(short, [])
         if language_model and short == "train":

@@ -5,12 +5,16 @@ int64 class index. `--data-dir` accepts two layouts:
 
 - an image folder with one sub-folder per class (`root/cat/001.png`, `root/dog/xyz.jpg`);
   images are decoded with Pillow in `__getitem__` (the CPU work DataLoader workers exist for),
-  converted to RGB and resized to `--image-size`;
+  converted to RGB in [0, 1] and resized to `--image-size`;
+- the same, already split: `root/train/<class>/...`, `root/val/<class>/...` and optionally
+  `root/test/<class>/...` (detected by those folder names, images.find_splits); validation is
+  `val/` (`--val-fraction` is ignored), every split must have the same class folders;
 - a folder holding `data.pt`, a dict `{"inputs": float tensor (N, C, H, W), "targets": int64
   tensor (N,)}` and optionally `"num_classes": int`, loaded with `weights_only=True`.
 
-Either is split into training and validation sets by `--val-fraction`, with a fixed seed so the
-validation set does not change with `--seed`.
+A folder of classes and `data.pt` are split into training and validation sets by
+`--val-fraction`, with a fixed seed so the validation set does not change with `--seed`.
+Augmentation and per-channel normalisation are added by task.py (images.py).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset, DistributedSampler, Subset, TensorDataset
 
 from .config import Config
+from .images import class_mismatch, find_splits
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
 MAX_CLASSES = 10**6  # a data.pt claiming more is corrupt (the classifier would not fit)
@@ -42,6 +47,7 @@ class DataInfo:
     image_size: int
     num_classes: int
     in_memory: bool  # True when items are ready tensors (workers would not help)
+    classes: list[str] | None = None  # class names by index (an image folder's sub-folders)
 
 
 # --------------------------------------------------------------------------------------------
@@ -124,8 +130,8 @@ class ImageFolder(Dataset[tuple[torch.Tensor, int]]):
             ) from None
         pixels = torch.frombuffer(data, dtype=torch.uint8)
         pixels = pixels.view(self.image_size, self.image_size, 3).permute(2, 0, 1)
-        # Centre on zero: [0, 255] -> [-0.5, 0.5], so the MLP does not start saturated.
-        return pixels.float().div_(255.0).sub_(0.5), label
+        # [0, 255] -> [0, 1]; the measured per-channel normalisation centres it (images.py).
+        return pixels.float().div_(255.0), label
 
 
 def load_tensor_file(path: Path, default_classes: int) -> tuple[TensorDataset, int]:
@@ -218,11 +224,22 @@ def build_datasets(config: Config) -> tuple[Dataset, Dataset, DataInfo]:
         train, val = split(dataset, config.data.val_fraction, tensor_file)
         return train, val, DataInfo(inputs.shape[1], inputs.shape[2], num_classes, in_memory=True)
 
-    folder = ImageFolder(root, config.data.image_size)
+    splits = find_splits(root)
+    if splits is not None:
+        return split_folders(root, splits, config.data.image_size)
+    folder = checked_folder(root, config.data.image_size)
+    train, val = split(folder, config.data.val_fraction, root)
+    info = DataInfo(3, config.data.image_size, len(folder.classes), False, folder.classes)
+    return train, val, info
+
+
+def checked_folder(root: Path, image_size: int) -> ImageFolder:
+    """`ImageFolder(root)` with at least two class folders, each holding an image."""
+    folder = ImageFolder(root, image_size)
     if not folder.classes:
         raise DataError(
             f"--data-dir {root} has no class sub-folders and no data.pt; expected "
-            f"{root}/<class>/<image> or {root}/data.pt"
+            f"{root}/<class>/<image>, {root}/train/<class>/<image> or {root}/data.pt"
         )
     if not folder.samples:
         suffixes = " ".join(IMAGE_SUFFIXES)
@@ -236,8 +253,25 @@ def build_datasets(config: Config) -> tuple[Dataset, Dataset, DataInfo]:
     empty = [name for label, name in enumerate(folder.classes) if label not in used]
     if empty:
         raise DataError(f"--data-dir {root}: class folder {root / empty[0]} holds no images")
-    train, val = split(folder, config.data.val_fraction, root)
-    return train, val, DataInfo(3, config.data.image_size, len(folder.classes), in_memory=False)
+    return folder
+
+
+def split_folders(
+    root: Path, splits: dict[str, Path], image_size: int
+) -> tuple[Dataset, Dataset, DataInfo]:
+    """A pre-split root: train/ for training, val/ for validation, the same classes in each."""
+    if "val" not in splits:
+        raise DataError(
+            f"--data-dir {root} has train/ and test/ but no val/; add {root}/val/<class>/... "
+            f"or move the class folders of train/ up to {root}"
+        )
+    folders = {name: checked_folder(path, image_size) for name, path in splits.items()}
+    mismatch = class_mismatch({name: folder.classes for name, folder in folders.items()})
+    if mismatch:
+        raise DataError(f"--data-dir {root}: {mismatch}; every split needs the same classes")
+    classes = folders["train"].classes
+    info = DataInfo(3, image_size, len(classes), in_memory=False, classes=classes)
+    return folders["train"], folders["val"], info
 
 
 # --------------------------------------------------------------------------------------------
@@ -277,6 +311,12 @@ class ResumableSampler(DistributedSampler):
 
     def __iter__(self) -> Iterator[int]:
         return itertools.islice(super().__iter__(), self.start, None)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch for the order, and for the dataset's augmentation (images.Augmented)."""
+        super().set_epoch(epoch)
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
 
     def __len__(self) -> int:
         return super().__len__() - self.start

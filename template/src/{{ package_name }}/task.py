@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from . import data, distributed, mfu, parallel, utils
+from . import data, distributed, images, mfu, parallel, utils
 from . import model as user_model
 from .config import Config, ConfigError
 from .data import DataInfo
@@ -35,15 +35,31 @@ class Task:
     name = "image"
     unit = "samples"  # what the shared `samples_per_s` counts
 
+    def __init__(self) -> None:
+        self.normalize: images.Normalize | None = None  # set by datasets(); None: as loaded
+        self.dataset_record: dict[str, Any] = {}
+
     def datasets(self, config: Config) -> tuple[Dataset[Any], Dataset[Any], DataInfo]:
-        """(train, validation, info), from data.py."""
-        return data.build_datasets(config)
+        """(train, validation, info) from data.py, the training images augmented (--augment)
+        and the per-channel normalisation measured on them (images.py)."""
+        train, val, info = data.build_datasets(config)
+        train, self.dataset_record = images.prepare(config, train, info, self)
+        return train, val, info
 
     def outputs(
         self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run `model` on a batch: (N, C) logits and the N class indices they predict."""
+        """Run `model` on a normalised batch: (N, C) logits and the N class indices."""
+        if self.normalize is not None:
+            if self.normalize.mean.device != inputs.device:
+                self.normalize = self.normalize.to(inputs.device)
+            inputs = self.normalize(inputs)
         return model(inputs), targets
+
+    def record(self) -> dict[str, Any]:
+        """What the run record (metrics.jsonl, every checkpoint) keeps of the data: class
+        names, input shape, normalisation, augmentation; evaluate/predict/export read it."""
+        return {"dataset": self.dataset_record} if self.dataset_record else {}
 
     def metrics(self, record: dict[str, Any], prefix: str = "") -> dict[str, float]:
         """Metrics derived from a log line's `loss` and `samples_per_s`, named with `prefix`

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from . import checkpoint, distributed, parallel, rundir, sharded_checkpoint, utils
+from . import checkpoint, distributed, finetune, parallel, rundir, sharded_checkpoint, utils
 from .checkpoint import Interrupted
 from .config import Config, ConfigError, parse_config
 from .data import DataInfo, ResumableSampler, shard
@@ -175,7 +175,7 @@ def build_run(config: Config, cleanup: contextlib.ExitStack) -> Run:
         optimizer=optimizer, scheduler=scheduler, scaler=scaler, sampler=sampler,
         train_loader=train_loader, val_loader=val_loader, meter=Meter(device, ctx.world_size),
         utilization=utilization, steps_per_epoch=steps_per_epoch, header=header,
-        record=run_record(config.flat(), device, ctx.world_size), log=log,
+        record={**run_record(config.flat(), device, ctx.world_size), **task.record()}, log=log,
     )  # fmt: skip
 
 
@@ -246,6 +246,7 @@ def _build_model(
     compiled, the MFU calculator)."""
     device = ctx.device
     raw_model = build_model_for(config, info).to(device)
+    finetune.init_from(raw_model, config, log)  # --init-from, --freeze: before wrapping
     # FLOPs counted once (on a meta copy of the model, before FSDP adds its hooks), peaks
     # measured once: two divisions per log line (mfu.py).
     utilization = task.utilization(raw_model, config, info, device, ctx.is_main)

@@ -1,0 +1,99 @@
+"""`--init-from CHECKPOINT` and `--freeze`: start a new run from another run's weights.
+
+Only the weights come over: the optimizer, schedule, step counters and run dir are this
+run's own (to continue the same run, use `--resume`). The classifier head is the model's last
+`nn.Linear`; when the class count differs (fine-tuning on other classes), its weights are
+left freshly initialised and the log names them. Any other difference (another architecture,
+width or channel count) is an incompatible checkpoint: one line, exit 2. `--freeze` trains the
+head only: every other parameter gets `requires_grad=False` (BatchNorm statistics still
+follow the new data; use `model.eval()` on those layers in model.py to pin them too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .checkpoint import CheckpointError, load_checkpoint
+
+
+def head_prefix(model: nn.Module) -> str:
+    """The name of the model's last nn.Linear (its classifier head), e.g. "classifier"."""
+    names = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    if not names:
+        raise CheckpointError("--init-from/--freeze: the model has no nn.Linear classifier head")
+    return names[-1]
+
+
+def init_from(model: nn.Module, config: object, log: Callable[[str], None]) -> None:
+    """Apply `--init-from` and `--freeze` of `config` to a freshly built `model` (in place)."""
+    run = getattr(config, "run", None)
+    source = getattr(run, "init_from", None)
+    if source is None:
+        return
+    load_weights(model, Path(source), log)
+    if getattr(run, "freeze", False):
+        frozen = freeze_all_but_head(model)
+        log(f"--freeze: {frozen} parameter tensors frozen, training {head_prefix(model)} only")
+
+
+def load_weights(model: nn.Module, path: Path, log: Callable[[str], None]) -> list[str]:
+    """Copy the weights of checkpoint `path` into `model`; returns the names not loaded (the
+    head's, when its class count differs). Anything else that does not fit: CheckpointError."""
+    if path.is_dir():
+        raise CheckpointError(
+            f"--init-from {path} is a sharded checkpoint folder; convert it to one file with "
+            "python -m <package>.checkpoint_convert first"
+        )
+    state = load_checkpoint(path)["model"]
+    own = model.state_dict()
+    head = head_prefix(model) + "."
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    wrong = [
+        name
+        for name in sorted(set(own) & set(state))
+        if not isinstance(state[name], torch.Tensor) or state[name].shape != own[name].shape
+    ]
+    skipped = [name for name in wrong if name.startswith(head)]
+    problem = missing or unexpected or [name for name in wrong if not name.startswith(head)]
+    if problem:
+        name = problem[0]
+        what = (
+            "is missing from the checkpoint"
+            if name in missing
+            else "is not in this model"
+            if name in unexpected
+            else f"has shape {tuple(state[name].shape)} there, {tuple(own[name].shape)} here"
+        )
+        raise CheckpointError(
+            f"--init-from {path}: incompatible architecture: {name} {what} "
+            f"({len(problem)} such); use the same --model and --width as that run"
+        )
+    with torch.no_grad():
+        for name, value in own.items():
+            if name not in skipped:
+                value.copy_(state[name])
+    loaded = len(own) - len(skipped)
+    log(f"--init-from {path}: loaded {loaded} of {len(own)} tensors")
+    if skipped:
+        there, here = state[skipped[0]].shape[0], own[skipped[0]].shape[0]
+        log(
+            f"--init-from: the head has {there} classes there, {here} here; not loaded "
+            f"(re-initialised): {', '.join(skipped)}"
+        )
+    return skipped
+
+
+def freeze_all_but_head(model: nn.Module) -> int:
+    """`requires_grad=False` for every parameter outside the head; returns how many."""
+    head = head_prefix(model) + "."
+    frozen = 0
+    for name, param in model.named_parameters():
+        if not name.startswith(head):
+            param.requires_grad_(False)
+            frozen += 1
+    return frozen

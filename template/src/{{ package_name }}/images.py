@@ -1,0 +1,268 @@
+"""Images beyond decoding: split layouts, augmentation, and per-channel normalisation.
+
+Template-owned helpers that data.py (yours), task.py and the inference commands (evaluate,
+predict, export) share, so all of them read a folder, augment and normalise the same way.
+
+- Layouts: `root/<class>/<image>`, or pre-split `root/train/<class>/...`, `root/val/<class>/...`
+  and optionally `root/test/<class>/...` (`find_splits`). Pre-split data keeps its split:
+  validation is `val/`, never a random part of `train/`.
+- Augmentation (`--augment`): `crop-flip` is a random resized crop (area 25-100% of the image,
+  aspect ratio 3/4 to 4/3, resized back with bilinear interpolation) and a horizontal flip
+  with probability 1/2, in torch ops (torchvision is not needed). It runs in the DataLoader
+  workers; each sample's randomness depends only on (seed, epoch, index), so a resumed run
+  sees exactly the crops an uninterrupted one would. `auto` (the default) is `crop-flip` for
+  an image folder and `none` for synthetic data and `data.pt` tensors (which need not be
+  natural images: turn it on with `--augment crop-flip`).
+- Normalisation: per-channel mean and std measured once on the training split (at most
+  `MAX_MEASURED` samples, evenly spaced), cached in `utils.cache_dir()/normalization.json`,
+  applied on the device before the model (`Normalize`), and saved in the run record of
+  metrics.jsonl and of every checkpoint, so evaluation, prediction and export normalise as
+  training did. The built-in synthetic data is left as it is (mean 0, std 1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
+from tqdm import tqdm
+
+from .utils import cache_dir
+
+SPLITS = ("train", "val", "test")
+AUGMENT_POLICIES = ("auto", "crop-flip", "none")
+CROP_SCALE = (0.25, 1.0)  # share of the image's area a random resized crop keeps
+CROP_RATIO = (3 / 4, 4 / 3)
+MAX_MEASURED = 4096  # samples the mean/std is measured on
+NORMALIZATION_CACHE = "normalization.json"
+
+
+def find_splits(root: Path) -> dict[str, Path] | None:
+    """The split folders of a pre-split root (`train/` and `val/`, optionally `test/`), or None
+    for another layout. `train/` and `test/` without `val/` counts as pre-split too (data.py
+    refuses it, naming the missing folder)."""
+    present = {name: root / name for name in SPLITS if (root / name).is_dir()}
+    if "train" in present and len(present) > 1:
+        return present
+    return None
+
+
+def class_mismatch(classes: dict[str, list[str]]) -> str | None:
+    """The first difference between the class folders of the splits, in words, or None."""
+    train = set(classes["train"])
+    for split, names in classes.items():
+        extra, missing = sorted(set(names) - train), sorted(train - set(names))
+        if extra:
+            return f"class {extra[0]!r} is in {split}/ but not in train/ ({len(extra)} such)"
+        if missing:
+            return f"class {missing[0]!r} is in train/ but not in {split}/ ({len(missing)} such)"
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Augmentation
+# --------------------------------------------------------------------------------------------
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """A seed for one sample's augmentation, from (seed, epoch, index) only."""
+    digest = hashlib.blake2b(f"{seed}:{epoch}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def crop_flip(image: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Random resized crop then random horizontal flip of a (C, H, W) image, same shape out."""
+    _, height, width = image.shape
+    draws = torch.rand(41, generator=generator, dtype=torch.float64).tolist()
+    top, left, crop_h, crop_w = 0, 0, height, width
+    lo, hi = math.log(CROP_RATIO[0]), math.log(CROP_RATIO[1])
+    for attempt in range(10):  # as torchvision: ten tries at a crop that fits, else the image
+        scale, log_ratio, y, x = draws[4 * attempt : 4 * attempt + 4]
+        area = height * width * (CROP_SCALE[0] + (CROP_SCALE[1] - CROP_SCALE[0]) * scale)
+        ratio = math.exp(lo + (hi - lo) * log_ratio)
+        w, h = round(math.sqrt(area * ratio)), round(math.sqrt(area / ratio))
+        if 0 < w <= width and 0 < h <= height:
+            top, left = int(y * (height - h + 1)), int(x * (width - w + 1))
+            crop_h, crop_w = h, w
+            break
+    crop = image[:, top : top + crop_h, left : left + crop_w]
+    if (crop_h, crop_w) != (height, width):
+        crop = F.interpolate(
+            crop[None].float(), size=(height, width), mode="bilinear", align_corners=False
+        )[0].to(image.dtype)
+    if draws[40] < 0.5:
+        crop = crop.flip(-1)
+    return crop.contiguous()
+
+
+class Augmented(Dataset[tuple[torch.Tensor, Any]]):
+    """`dataset` with `crop_flip` applied to each image, seeded by (seed, epoch, index).
+
+    The epoch lives in a shared-memory tensor, so persistent DataLoader workers see
+    `set_epoch` (data.ResumableSampler.set_epoch calls it before each epoch's batches are
+    requested).
+    """
+
+    def __init__(self, dataset: Dataset[Any], seed: int):
+        self.dataset = dataset
+        self.seed = seed
+        self.epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch[0] = epoch
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, Any]:
+        image, label = self.dataset[index]
+        generator = torch.Generator().manual_seed(sample_seed(self.seed, int(self.epoch[0]), index))
+        return crop_flip(image, generator), label
+
+
+def augment_policy(requested: str, in_memory: bool) -> str:
+    """What `--augment` means for this data: `auto` is crop-flip for image folders only."""
+    if requested == "auto":
+        return "none" if in_memory else "crop-flip"
+    return requested
+
+
+# --------------------------------------------------------------------------------------------
+# Normalisation
+# --------------------------------------------------------------------------------------------
+
+
+class Normalize(nn.Module):
+    """(x - mean) / std per channel: the first step of every model this project runs."""
+
+    mean: torch.Tensor
+    std: torch.Tensor
+
+    def __init__(self, mean: list[float], std: list[float]):
+        super().__init__()
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / self.std
+
+
+class Normalized(nn.Module):
+    """`model(normalize(x))`: what `export` ships, taking the images as the dataset yields them
+    (RGB in [0, 1] for image files)."""
+
+    def __init__(self, model: nn.Module, mean: list[float], std: list[float]):
+        super().__init__()
+        self.normalize = Normalize(mean, std)
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(self.normalize(x))
+
+
+def measure_mean_std(
+    dataset: Dataset[Any], key: str, cache: Path | None = None
+) -> tuple[list[float], list[float], bool]:
+    """Per-channel (mean, std) of `dataset`'s images and whether they came from the cache.
+
+    At most MAX_MEASURED evenly spaced samples are read (in float64 sums); a channel whose
+    std is (nearly) zero gets 1, so a constant channel is only centred.
+    """
+    path = (cache if cache is not None else cache_dir()) / NORMALIZATION_CACHE
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError):
+        stored = {}
+    if isinstance(stored, dict) and isinstance(stored.get(key), dict):
+        entry = stored[key]
+        return list(entry["mean"]), list(entry["std"]), True
+    size = len(dataset)  # type: ignore[arg-type]
+    picked = torch.linspace(0, size - 1, min(size, MAX_MEASURED)).round().long().unique().tolist()
+    workers = 0 if len(picked) <= 512 else min(4, os.cpu_count() or 1)
+    # A generator of its own: the loader's seed would otherwise come from the global RNG, and
+    # the run's random streams would depend on whether the answer was cached.
+    loader = DataLoader(
+        Subset(dataset, picked),
+        batch_size=64,
+        num_workers=workers,
+        generator=torch.Generator().manual_seed(0),
+    )
+    total = squares = None
+    count = 0
+    for images, _ in loader:
+        values = images.double().transpose(0, 1).flatten(1)  # (C, N*H*W)
+        total = values.sum(1) if total is None else total + values.sum(1)
+        squares = (values**2).sum(1) if squares is None else squares + (values**2).sum(1)
+        count += values.shape[1]
+    assert total is not None and squares is not None
+    mean = total / count
+    std = (squares / count - mean**2).clamp_min(0).sqrt()
+    std = torch.where(std < 1e-6, torch.ones_like(std), std)
+    result = [round(v, 6) for v in mean.tolist()], [round(v, 6) for v in std.tolist()]
+    stored = stored if isinstance(stored, dict) else {}
+    stored[key] = {"mean": result[0], "std": result[1]}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(stored, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs measuring again next time
+    return result[0], result[1], False
+
+
+def dataset_key(root: Path, image_size: int, samples: int, detail: str) -> str:
+    """What a cached mean/std is keyed by: the folder and its modification time (which
+    changes when a class folder is added or removed), the image size, the number of images
+    and the split. Replacing images under the same names keeps the key: delete the cache."""
+    stamp = root.stat().st_mtime_ns if root.exists() else 0
+    return f"{root.resolve()}|{stamp}|{image_size}|{samples}|{detail}"
+
+
+def prepare(
+    config: Any, train: Dataset[Any], info: Any, task: Any
+) -> tuple[Dataset[Any], dict[str, Any]]:
+    """The training set as the loop reads it (augmented per `--augment`), with `task.normalize`
+    set from the measured mean/std; returns it and the run record's "dataset" entry."""
+    policy = augment_policy(getattr(config.data, "augment", "none"), info.in_memory)
+    mean, std = [0.0] * info.in_channels, [1.0] * info.in_channels
+    if config.data.data_dir is not None:
+        root = Path(config.data.data_dir)
+        splits = find_splits(root)
+        if splits is not None:
+            say(
+                f"--data-dir {root} is split ({', '.join(splits)}): validation is val/, "
+                "--val-fraction is ignored"
+            )
+        measured = splits["train"] if splits else root
+        detail = "train" if splits else f"val_fraction={config.data.val_fraction}"
+        key = dataset_key(measured, info.image_size, len(train), detail)  # type: ignore[arg-type]
+        mean, std, cached = measure_mean_std(train, key)
+        say(f"normalisation ({'cached' if cached else 'measured'}): mean {mean} std {std}")
+        task.normalize = Normalize(mean, std)
+    if policy == "crop-flip":
+        train = Augmented(train, config.run.seed)
+    record = {
+        "classes": info.classes or [str(index) for index in range(info.num_classes)],
+        "num_classes": info.num_classes,
+        "in_channels": info.in_channels,
+        "image_size": info.image_size,
+        "mean": mean,
+        "std": std,
+        "augment": policy,
+    }
+    return train, record
+
+
+def say(message: str) -> None:
+    """A log line from rank 0 only (the data is prepared on every rank)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        tqdm.write(message)
