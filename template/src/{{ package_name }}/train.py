@@ -122,6 +122,7 @@ def train(
             device=device,
             generator=torch.Generator().manual_seed(config.run.seed),
         )
+        cleanup.callback(utils.close_workers, train_loader, val_loader)  # even on an error
         accum = config.optim.grad_accum_steps
         samples_per_step = accum * config.optim.batch_size  # per rank
         steps_per_epoch = len(train_loader) // accum
