@@ -201,6 +201,7 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
         markers[folder / "last.dcp"] = folder / "last.dcp" / "train_state.pt"
         present = {path: marker for path, marker in markers.items() if marker.is_file()}
         if not present:
+            refuse_best_without_last(folder)
             return None
         return max(present, key=lambda path: present[path].stat().st_mtime_ns)
     path = Path(resume)
@@ -209,6 +210,18 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
             f"--resume {path}: no such checkpoint file (or sharded checkpoint folder)"
         )
     return path
+
+
+def refuse_best_without_last(folder: Path) -> None:
+    """`--resume auto` with a best checkpoint but no last one (deleted, or only the best model
+    copied in) must not start fresh: the new run's first best would overwrite it."""
+    best = next((p for p in (folder / "best.pt", folder / "best.dcp") if p.exists()), None)
+    if best is not None:
+        raise CheckpointError(
+            f"--resume auto: {folder} holds {best.name} but no last checkpoint, and a fresh "
+            f"run would overwrite it; continue from it with --resume {best}, or start over "
+            "with a new --run-dir"
+        )
 
 
 def check_compatible(state: dict[str, Any], config: dict[str, Any], path: Path) -> None:
