@@ -36,7 +36,7 @@ from .checkpoint import Interrupted, SaveError
 from .config import Config, ConfigError, parse_config
 from .data import ResumableSampler, shard
 from .metrics import Meter, MetricsWriter, add_totals, peak_memory, run_record, summarize
-from .task import blow_up_error, build_model_for, cross_entropy, evaluate, task_for
+from .task import blow_up_error, build_model_for, cross_entropy, evaluate, step_is_finite, task_for
 
 
 def train(
@@ -340,10 +340,7 @@ def train(
                 # backward lands here, not in the phases around it.
                 with record_function("sync"):
                     step_loss = step_losses[0] if accum == 1 else torch.stack(step_losses).sum()
-                    # (loss + norm is finite exactly when both are: one kernel fewer.)
-                    healthy = torch.isfinite(
-                        step_loss if scaler.is_enabled() else step_loss + grad_norm
-                    )
+                    healthy = step_is_finite(step_loss, grad_norm, scaler)
                     blew_up, stop_now = _agree(healthy, stop.signum is not None, ctx, device)
                 if blew_up:  # every rank got here: the verdict was all-reduced
                     raise blow_up_error(
