@@ -291,7 +291,7 @@ def plot(study: Any, path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--space", type=Path, default=Path("sweep.toml"), help="search space TOML")
     parser.add_argument("--study", help="study name (default: [sweep] study)")
     parser.add_argument("--storage", help="Optuna storage URL (default: sqlite in --out)")
