@@ -738,10 +738,8 @@ def resolve_device(name: str = "auto") -> torch.device:
         raise ValueError("--device cuda was requested but no CUDA device is visible")
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError("--device mps was requested but MPS is not available")
-    backend = getattr(torch, device.type, None)  # torch.xpu and the like
-    if device.type not in ("cpu", "cuda", "mps") and not (
-        hasattr(backend, "is_available") and backend.is_available()
-    ):
+    available = getattr(getattr(torch, device.type, None), "is_available", None)  # torch.xpu
+    if device.type not in ("cpu", "cuda", "mps") and not (available and available()):
         raise ValueError(f"--device {name} was requested but this PyTorch build cannot use it")
     return device
 
