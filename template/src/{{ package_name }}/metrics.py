@@ -140,14 +140,14 @@ class MetricsWriter:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self._file = self.path.open("a", buffering=1, encoding="utf-8")
             self._tracker = trackers.open_tracker(
                 tracker, run_dir, experiment=experiment, uri=tracker_uri, resuming=resuming
             )
+            self._file = self.path.open("a", buffering=1, encoding="utf-8")
         except trackers.TrackerError as error:
             self.close()
             raise ConfigError(str(error)) from None
-        except OSError as error:  # metrics.jsonl a folder, a read-only TensorBoard folder
+        except OSError as error:  # metrics.jsonl a folder, a tracker folder it cannot open
             self.close()
             where = error.filename or self.path
             raise ConfigError(
