@@ -272,6 +272,27 @@ MUTATIONS = [
     bug("tune-chooses-within-noise", "tune.py",
         "if low > 1.0 and", 'if comparison["ratio"] > 1.0 and',
         "test_tune.py", "noise"),
+    # ---- issue 29: bugs the suite missed --------------------------------------------------
+    bug("health-check-reads-the-loss-only", "task.py",
+        "return torch.isfinite(loss if scaler.is_enabled() else loss + grad_norm)",
+        "return torch.isfinite(loss)",
+        "test_faults.py", "inf_gradient"),
+    bug("checkpoint-temp-file-in-the-system-temp-folder", "checkpoint.py",
+        'tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")',
+        'tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp")',
+        "test_checkpoint.py", "beside"),
+    bug("checkpoint-folder-not-flushed-after-the-rename", "checkpoint.py",
+        "    fsync_folder(path.parent)\n", "",
+        "test_checkpoint.py", "beside"),
+    bug("gather-cross-entropy-over-the-last-dim", "task.py",
+        "logits.float().log_softmax(dim=1)", "logits.float().log_softmax(dim=-1)",
+        "test_train.py", "deterministic_loss"),
+    bug("fsdp-reduces-gradients-in-bf16", "parallel.py",
+        "reduce_dtype=torch.float32", "reduce_dtype=torch.bfloat16",
+        "test_parallel.py", "reduces_gradients"),
+    bug("matmul-peak-counts-n-cubed-flops", "mfu.py",
+        "return 2 * size**3 / seconds / 1e12, size", "return size**3 / seconds / 1e12, size",
+        "test_benchmark.py", "2_n_cubed"),
 ]  # fmt: skip
 
 

@@ -56,10 +56,12 @@ class SaveError(OSError):
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:
     """Write `state` to `path` atomically: a crash mid-write never leaves a half-written file.
 
-    torch.save goes to a temporary file in the same folder (same filesystem, so the rename is
-    atomic), is flushed to disk, and then replaces `path` in one `os.replace`. If the disk
-    refuses (ENOSPC, EROFS, ...), the temporary file is removed, `path` keeps its previous
-    content, and SaveError says so.
+    torch.save goes to a temporary file in the same folder (never the system temp folder: on a
+    cluster /tmp is node-local, another file system, where the rename fails with EXDEV or is no
+    longer atomic), is flushed to disk, and then replaces `path` in one `os.replace`; the
+    folder is flushed too, so the rename survives a power cut. If the disk refuses (ENOSPC,
+    EROFS, ...) or the rename does (EXDEV, EACCES), the temporary file is removed, `path`
+    keeps its previous content, and SaveError says so, naming both paths.
     """
     tmp = None
     try:
@@ -69,13 +71,42 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
             torch.save(state, file)
             file.flush()
             os.fsync(file.fileno())
-        os.replace(tmp, path)
+        _replace(tmp, path)
     except BaseException as error:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
         if isinstance(error, OSError):
             raise SaveError(_save_failure(path, error)) from None
         raise
+
+
+class RenameError(OSError):
+    """`os.replace(tmp, path)` failed; the message names both paths."""
+
+
+def _replace(tmp: str, path: Path) -> None:
+    """`os.replace`, then fsync of the folder: the new directory entry reaches the disk."""
+    try:
+        os.replace(tmp, path)
+    except OSError as error:
+        cause = error.strerror or str(error) or type(error).__name__
+        raise RenameError(error.errno, f"{cause} (renaming {tmp} to {path})") from None
+    fsync_folder(path.parent)
+
+
+def fsync_folder(folder: Path) -> None:
+    """Flush a folder's entries (renames, new files) to disk; a no-op where folders cannot be
+    opened (Windows) or flushed (some network file systems)."""
+    try:
+        handle = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(handle)
+    except OSError:
+        pass
+    finally:
+        os.close(handle)
 
 
 def copy_checkpoint(source: Path, target: Path) -> None:
@@ -85,7 +116,9 @@ def copy_checkpoint(source: Path, target: Path) -> None:
         handle, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
         os.close(handle)
         shutil.copyfile(source, tmp)
-        os.replace(tmp, target)
+        with open(tmp, "rb+") as file:
+            os.fsync(file.fileno())
+        _replace(tmp, target)
     except BaseException as error:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
@@ -201,6 +234,7 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
         markers[folder / "last.dcp"] = folder / "last.dcp" / "train_state.pt"
         present = {path: marker for path, marker in markers.items() if marker.is_file()}
         if not present:
+            refuse_best_without_last(folder)
             return None
         return max(present, key=lambda path: present[path].stat().st_mtime_ns)
     path = Path(resume)
@@ -209,6 +243,18 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
             f"--resume {path}: no such checkpoint file (or sharded checkpoint folder)"
         )
     return path
+
+
+def refuse_best_without_last(folder: Path) -> None:
+    """`--resume auto` with a best checkpoint but no last one (deleted, or only the best model
+    copied in) must not start fresh: the new run's first best would overwrite it."""
+    best = next((p for p in (folder / "best.pt", folder / "best.dcp") if p.exists()), None)
+    if best is not None:
+        raise CheckpointError(
+            f"--resume auto: {folder} holds {best.name} but no last checkpoint, and a fresh "
+            f"run would overwrite it; continue from it with --resume {best}, or start over "
+            "with a new --run-dir"
+        )
 
 
 def check_compatible(state: dict[str, Any], config: dict[str, Any], path: Path) -> None:

@@ -67,6 +67,7 @@ def numbered(optimizer_state: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog=f"python -m {__package__}.checkpoint_convert",
         description="Write a sharded (--parallel fsdp) checkpoint folder as one file that "
         "torch.load(..., weights_only=True) reads.",

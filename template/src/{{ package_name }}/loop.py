@@ -29,7 +29,7 @@ from .config import Config
 from .data import ResumableSampler
 from .metrics import Meter, MetricsWriter, add_totals, peak_memory, summarize
 from .mfu import Utilization
-from .task import Task, blow_up_error, cross_entropy, evaluate
+from .task import Task, blow_up_error, cross_entropy, evaluate, step_is_finite
 
 
 @dataclass
@@ -164,8 +164,7 @@ def train_step(run: Run, batches: Iterator[Any], stop: StopSignal) -> tuple[torc
     # a GPU the wait for the queued forward and backward lands here, not around it.
     with record_function("sync"):
         step_loss = step_losses[0] if accum == 1 else torch.stack(step_losses).sum()
-        # (loss + norm is finite exactly when both are: one kernel fewer.)
-        healthy = torch.isfinite(step_loss if scaler.is_enabled() else step_loss + grad_norm)
+        healthy = step_is_finite(step_loss, grad_norm, scaler)
         blew_up, stop_now = _agree(healthy, stop.signum is not None, run.ctx, device)
     if blew_up:  # every rank got here: the verdict was all-reduced
         kept = rundir.kept(run.last_path, run.best_path)

@@ -143,9 +143,17 @@ class MetricsWriter:
             self._tracker = trackers.open_tracker(
                 tracker, run_dir, experiment=experiment, uri=tracker_uri, resuming=resuming
             )
+            self._file = self.path.open("a", buffering=1, encoding="utf-8")
         except trackers.TrackerError as error:
+            self.close()
             raise ConfigError(str(error)) from None
-        self._file = self.path.open("a", buffering=1, encoding="utf-8")
+        except OSError as error:  # metrics.jsonl a folder, a tracker folder it cannot open
+            self.close()
+            where = error.filename or self.path
+            raise ConfigError(
+                f"{where} cannot be written ({error.strerror or error}); move it aside or fix "
+                f"its permissions, or choose another --run-dir"
+            ) from None
 
     def write(self, record: dict[str, Any]) -> None:
         if self._file is None:

@@ -94,6 +94,7 @@ def load_spec(path: Path, overrides: dict[str, Any]) -> Spec:
             "metric val_bpb (bits per byte) is reported by language models only; "
             "use val_acc or val_loss"
         )
+    _check_settings(spec, path)
     if spec.metric not in metrics:
         raise ValueError(f"metric must be one of {', '.join(metrics)}, got {spec.metric!r}")
     if spec.trials < 1:
@@ -108,7 +109,26 @@ def load_spec(path: Path, overrides: dict[str, Any]) -> Spec:
         _check_domain(key, domain)
     base = {k.replace("-", "_"): v for k, v in spec.fixed.items()}
     Config.from_flat(base).validate()  # fixed values that can never work fail now
+    for key, domain in spec.space.items():  # and so do choices and bounds that cannot
+        for value in domain if isinstance(domain, list) else (domain["low"], domain["high"]):
+            try:
+                Config.from_flat({**base, key.replace("-", "_"): value}).validate()
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"search space {path}: space.{key} = {value!r}: {error}") from None
     return spec
+
+
+def _check_settings(spec: Spec, path: Path) -> None:
+    """The [sweep] values' types, and --out a folder (or absent), before any trial runs."""
+    for name, kind in (("trials", int), ("study", str), ("metric", str), ("out", str)):
+        value = getattr(spec, name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ValueError(
+                f"search space {path}: {name} must be {'an integer' if kind is int else 'text'}"
+                f", got {value!r}"
+            )
+    if Path(spec.out).exists() and not Path(spec.out).is_dir():
+        raise ValueError(f"--out {spec.out} is a file; name a folder for the sweep's results")
 
 
 def _check_domain(key: str, domain: Any) -> None:
@@ -116,7 +136,11 @@ def _check_domain(key: str, domain: Any) -> None:
         return
     keys = {"low", "high", "log", "step"}
     ranged = isinstance(domain, dict) and {"low", "high"} <= domain.keys() <= keys
-    if ranged and domain["low"] < domain["high"]:
+    numbers = ranged and all(
+        isinstance(domain[end], int | float) and not isinstance(domain[end], bool)
+        for end in ("low", "high")
+    )
+    if numbers and domain["low"] < domain["high"]:
         return
     raise ValueError(
         f"space.{key} must be a non-empty list of choices or a table of low and high with "
@@ -291,7 +315,7 @@ def plot(study: Any, path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--space", type=Path, default=Path("sweep.toml"), help="search space TOML")
     parser.add_argument("--study", help="study name (default: [sweep] study)")
     parser.add_argument("--storage", help="Optuna storage URL (default: sqlite in --out)")

@@ -128,6 +128,19 @@ def cross_entropy(
     return F.cross_entropy(logits, targets, reduction=reduction)
 
 
+def step_is_finite(
+    loss: torch.Tensor, grad_norm: torch.Tensor, scaler: torch.amp.GradScaler
+) -> torch.Tensor:
+    """The step's health flag (a device tensor; reading it is the step's one host sync).
+
+    fp32 and bf16: the loss AND the gradient norm must be finite, since a finite loss can come
+    with an inf gradient that the optimizer would write into every weight. fp16: the loss
+    only; an inf gradient there is a routine overflow that GradScaler skips (and the metrics
+    count as `skipped_steps`). loss + norm is finite exactly when both are: one kernel fewer.
+    """
+    return torch.isfinite(loss if scaler.is_enabled() else loss + grad_norm)
+
+
 def gather_cross_entropy(
     logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
 ) -> torch.Tensor:

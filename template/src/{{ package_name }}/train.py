@@ -154,6 +154,7 @@ def build_run(config: Config, cleanup: contextlib.ExitStack) -> Run:
     task = task_for(config)  # what differs per task: data, outputs, metrics, FLOPs
     parts = _build_data(config, ctx, task, generator, log)
     sampler, train_loader, val_loader, info, workers, steps_per_epoch = parts
+    cleanup.callback(utils.close_workers, train_loader, val_loader)  # even on an error
     raw_model, model, compile_on, utilization = _build_model(config, task, info, ctx, log)
     optimizer = build_optimizer(config, raw_model, device)
     total_steps = config.optim.epochs * steps_per_epoch

@@ -309,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--steps must be >= 2, got {steps}")
     if rounds < 2:
         parser.error(f"--rounds must be >= 2 (a spread needs two rounds), got {rounds}")
+    if not args.out.parent.is_dir() or args.out.is_dir():  # found out before, not after, minutes
+        parser.error(f"--out {args.out}: {args.out.parent} must be an existing folder; create it")
     try:
         device = utils.resolve_device(config.run.device)
         _, _, info = task_for(config).datasets(config)  # a language model reads text

@@ -50,6 +50,7 @@ __all__ = [
     "cache_dir",
     "check_finite",
     "clip_gradients",
+    "close_workers",
     "diagnose_nonfinite",
     "evaluation_mode",
     "make_grad_scaler",
@@ -382,6 +383,24 @@ def build_dataloader(
     )
 
 
+def close_workers(*loaders: DataLoader[Any]) -> None:
+    """Stop the persistent worker processes of `loaders` now, whatever state they are in.
+
+    Workers ignore stop signals (`ignore_stop_signals`), so the two ways PyTorch otherwise
+    ends them both fail once an error has left a loader inside a reference cycle (a worker's
+    exception re-raised in the main process makes one): the garbage collector closes the
+    workers' queues before the loader's `__del__` can send them the final message, and at
+    interpreter exit `multiprocessing` sends SIGTERM and joins them forever. Called when a
+    run ends, however it ends, the shutdown works while the queues are still open.
+    """
+    for loader in loaders:
+        iterator = getattr(loader, "_iterator", None)  # where persistent workers live
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            loader._iterator = None
+            shutdown()
+
+
 def tune_num_workers(
     dataset: Dataset[Any],
     *,
@@ -413,14 +432,17 @@ def tune_num_workers(
         )
         warmup = warmup_batches if warmup_batches is not None else max(1, 2 * workers)
         batches = _cycle(loader)
-        for _ in range(warmup):
-            next(batches)
-        samples = 0
-        start = time.perf_counter()
-        for _ in range(num_batches):
-            samples += _batch_len(next(batches))
-        results[workers] = samples / (time.perf_counter() - start)
-        del batches, loader  # shut the workers down before the next candidate starts
+        try:
+            for _ in range(warmup):
+                next(batches)
+            samples = 0
+            start = time.perf_counter()
+            for _ in range(num_batches):
+                samples += _batch_len(next(batches))
+            results[workers] = samples / (time.perf_counter() - start)
+        finally:  # shut the workers down before the next candidate starts, or on an error
+            close_workers(loader)
+            del batches, loader
     if not results:
         raise ValueError("tune_num_workers needs at least one candidate")
     best = max(results, key=results.__getitem__)
@@ -716,6 +738,9 @@ def resolve_device(name: str = "auto") -> torch.device:
         raise ValueError("--device cuda was requested but no CUDA device is visible")
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError("--device mps was requested but MPS is not available")
+    available = getattr(getattr(torch, device.type, None), "is_available", None)  # torch.xpu
+    if device.type not in ("cpu", "cuda", "mps") and not (available and available()):
+        raise ValueError(f"--device {name} was requested but this PyTorch build cannot use it")
     return device
 
 
