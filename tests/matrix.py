@@ -69,6 +69,22 @@ SLOW_FILES: dict[str, list[str]] = {
     "py312-bsd-lm": ["tests/test_language_model.py", "tests/test_parallel_processes.py"],
 }
 
+# This render's suite runs after config.py's defaults were changed as a user changes them
+# (tests/matrix_checks.py): defaults are the user's, so no generated test may hard-code one.
+USER_DEFAULTS_RENDER = "py311-apache-mlp"
+USER_DEFAULTS = {
+    "seed": "7",
+    "width": "48",
+    "dropout": "0.2",
+    "epochs": "8",
+    "batch_size": "64",
+    "lr": "1e-3",
+    "weight_decay": "0.01",
+    "warmup_steps": "100",
+    "tf32": "False",
+    "log_every": "10",
+}
+
 # `nox -s gpu` checks these renders by default: one per task.
 GPU_RENDERS = [SLOW_RENDER, "py312-bsd-lm"]
 

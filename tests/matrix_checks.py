@@ -1,5 +1,6 @@
 """What the matrix asks of one render (tests/test_matrix.py, tests/test_matrix_slow.py): it
-installs, its CPU suite passes, and it trains one epoch from outside its own folder.
+installs, its CPU suite passes, and it trains one epoch from outside its own folder. One render
+(matrix.USER_DEFAULTS_RENDER) has its config.py defaults changed first, as a user would.
 
 The slow render has a module of its own so that pytest-xdist, which keeps a module on one
 worker, runs its long suite beside the other renders instead of after them.
@@ -13,10 +14,31 @@ import sys
 from pathlib import Path
 
 from helpers import check_project, pip_install_editable, run, run_project_suite
-from matrix import MATRIX, PARTIAL_SUITES, SLOW_FILES, SLOW_RENDER, package_name
+from matrix import (
+    MATRIX,
+    PARTIAL_SUITES,
+    SLOW_FILES,
+    SLOW_RENDER,
+    USER_DEFAULTS,
+    USER_DEFAULTS_RENDER,
+    package_name,
+)
+
+
+def change_defaults(project: Path, defaults: dict[str, str]) -> None:
+    """Set config.py's defaults as a user edits them: `name: type = field(default=VALUE, ...`."""
+    (config,) = project.glob("src/*/config.py")
+    text = config.read_text()
+    for name, value in defaults.items():
+        field = rf"(^    {name}: [^=\n]+= field\(\s*default=)[^,\n]+,"
+        text, count = re.subn(field, rf"\g<1>{value},", text, flags=re.M)
+        assert count == 1, f"{config}: the default of {name} is not where a user would edit it"
+    config.write_text(text)
 
 
 def installs_and_passes_its_cpu_suite(project: Path, name: str) -> None:
+    if name == USER_DEFAULTS_RENDER:
+        change_defaults(project, USER_DEFAULTS)
     check_project(
         project,
         slow=name == SLOW_RENDER,

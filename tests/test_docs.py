@@ -5,10 +5,10 @@ per-page project copies, the rewriting of commands) in tests/docs_runner.py; thi
 
 How "every command shown in the docs was run by a test or by CI" is enforced
 ----------------------------------------------------------------------------
-1. Collect. Every command shown is collected from docs/*.md, README.md and the README of a
-   freshly rendered project (template/README.md.jinja with default answers, so the package is
-   `my_torch_project`, the name the docs use) and of its docs/template.md, the template's
-   reference page in the project, and the docs/language-model.md of a `task: lm` render,
+1. Collect. Every command shown is collected from docs/*.md, README.md, CONTRIBUTING.md and
+   the README of a freshly rendered project (template/README.md.jinja with default answers, so
+   the package is `my_torch_project`, the name the docs use) and of its docs/template.md, the
+   template's reference page in the project, and the docs/language-model.md of a `task: lm` render,
    whose commands run in that render (a `python -m pytest` line there counts as run when the
    render matrix runs that selection in its LM render and it selects a test):
    - each line of a ```bash, ```sh or ```shell block (continuation lines joined, comments
@@ -149,8 +149,9 @@ def lm_project(tmp_path_factory, template_repo) -> Path:
 def pages(project, lm_project) -> list[Page]:
     sources = sorted(DOCS.glob("*.md"))
     found = [parse_page(f"docs/{path.name}", path.read_text()) for path in sources]
-    if (ROOT / "README.md").exists():
-        found.append(parse_page("README.md", (ROOT / "README.md").read_text()))
+    for name in ("README.md", "CONTRIBUTING.md"):  # the template repository's own pages
+        if (ROOT / name).exists():
+            found.append(parse_page(name, (ROOT / name).read_text()))
     found.append(parse_page("template/README.md.jinja", (project / "README.md").read_text()))
     guide = project / "docs" / "template.md"  # the template's reference page in the project
     found.append(parse_page("template/docs/template.md.jinja", guide.read_text()))
@@ -305,8 +306,8 @@ def test_every_command_in_the_docs_was_run(project, lm_project, pages, template_
                     continue
                 # The project's sessions that are cheap are executed too, with --no-venv.
                 cheap = sorted(set(_session_args(words)) & CHEAP_PROJECT_SESSIONS)
-                if page.name == "README.md":
-                    cheap = []  # the template repository's README: its sessions are CI's
+                if page.name in ("README.md", "CONTRIBUTING.md"):
+                    cheap = []  # the template repository's pages: their sessions are CI's
                 if cheap and " ".join(cheap) not in already_run:
                     already_run.add(" ".join(cheap))
                     runner = runner or Runner(base, tmp_path / f"page{page_index}", page)

@@ -6,14 +6,18 @@
 as a conflict, so each must be named in the Upgrade notes of CHANGELOG.md's Unreleased section,
 compared with the previous release (the newest `## [X.Y.Z]` section: tag `vX.Y.Z`, or else the
 commit titled `Release vX.Y.Z`). The interface itself is written down in docs/updating.md.
+That newest released section must carry its date and its Upgrade notes, as the release workflow
+(.ci/release_notes.py) requires, and read as it did when released.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 import subprocess
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -180,6 +184,52 @@ def test_every_new_call_into_user_files_is_in_the_upgrade_notes_and_the_interfac
     assert not undocumented, (
         "template-owned code uses these names from the user's files, but docs/updating.md's "
         f"interface table does not list them: {undocumented}"
+    )
+
+
+def load_release_notes() -> ModuleType:
+    """.ci/release_notes.py, which the release workflow runs on a pushed tag."""
+    spec = importlib.util.spec_from_file_location(
+        "release_notes", ROOT / ".ci" / "release_notes.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_newest_release_has_a_date_and_upgrade_notes(changelog):
+    """What the release workflow refuses to publish fails here first (docs/releasing.md)."""
+    release_notes = load_release_notes()
+    version = release_notes.newest_release(changelog)
+    assert "### Upgrade notes" in release_notes.release_section(changelog, version)
+    # The check itself, on sections that lack each part.
+    with pytest.raises(ValueError, match=r"section \[1.0.0\] has no date"):
+        release_notes.release_section("## [1.0.0]\n\n### Upgrade notes\n\n- x\n", "1.0.0")
+    with pytest.raises(ValueError, match=r"section \[1.0.0\] has no date"):
+        release_notes.release_section(
+            "## [1.0.0] - 2026-13-01\n\n### Upgrade notes\n- x\n", "1.0.0"
+        )
+    with pytest.raises(ValueError, match=r"has no '### Upgrade notes'"):
+        release_notes.release_section("## [1.0.0] - 2026-01-01\n\n### Added\n\n- x\n", "1.0.0")
+    with pytest.raises(ValueError, match=r"has no '### Upgrade notes'"):
+        release_notes.release_section(
+            "## [1.0.0] - 2026-01-01\n\n### Upgrade notes\n\n### Added\n\n- x\n", "1.0.0"
+        )
+
+
+def test_the_newest_release_section_reads_as_it_was_released(changelog):
+    """A released section is what users of that tag read: a line merged into it later (a
+    branch that wrote under the old Unreleased heading, say) belongs under [Unreleased]."""
+    release_notes = load_release_notes()
+    version, revision = previous_release(changelog)
+    then = _git("show", f"{revision}:CHANGELOG.md")
+    assert then.returncode == 0, then.stderr
+    now_text = release_notes.sections(changelog)[version]
+    then_text = release_notes.sections(then.stdout)[version]
+    assert now_text == then_text, (
+        f"CHANGELOG.md's [{version}] section changed since its release ({revision}): move new "
+        "lines to the [Unreleased] section's lists"
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -218,6 +219,34 @@ def test_a_real_conflict_is_marked_inline_and_fails_the_check(template_v1, proje
     assert first_line not in text.split(">>>>>>>")[-1]  # the old line is not silently kept
     check = subprocess.run(["git", "diff", "--check"], cwd=project, capture_output=True, text=True)
     assert check.returncode != 0 and "conflict marker" in check.stdout
+
+
+def test_conflict_rej_is_silent_to_every_check_but_the_one_the_docs_add(template_v1, project):
+    """`--conflict rej` (docs/updating.md offers it) puts the template's line in the file, the
+    user's change only in a `.rej` file, nothing unmerged, exit 0: a silent revert that the
+    markers checks cannot see, so the docs' Update block lists untracked `*.rej` files. That
+    command, read from the page, must name the reject, and print nothing once it is applied and
+    deleted."""
+    doc = (ROOT / "docs" / "updating.md").read_text()
+    (check,) = set(re.findall(r"^(git ls-files --others '\*\.rej')\s", doc, re.M))
+    utils = project / "src" / PACKAGE / "utils.py"
+    edit(utils, r"\A.*$", '"""USER: my own summary of the utilities.')
+    commit_all(project, "user rewrites the utils summary line")
+    release_v11(template_v1, TEMPLATE_UTILS, r"\A.*$", '"""TEMPLATE: a new summary line.')
+
+    result = copier_cli(project, "update", "--defaults", "--conflict", "rej")
+
+    assert result.returncode == 0, result.stderr
+    assert utils.read_text().startswith('"""TEMPLATE: a new summary')  # the user's line: gone
+    assert git_lines(project, "diff", "--name-only", "--diff-filter=U") == []
+    assert run(["git", "diff", "--check"], project, check=False).returncode == 0
+    assert conflict_markers(project) == []
+    rejects = run(shlex.split(check), project).stdout.split()
+    assert rejects == [f"src/{PACKAGE}/utils.py.rej"]
+    assert '+"""USER: my own summary' in (project / rejects[0]).read_text()
+    edit(utils, r"\A.*$", '"""USER: my own summary of the utilities.')  # as the docs say
+    (project / rejects[0]).unlink()
+    assert run(shlex.split(check), project).stdout == ""
 
 
 def test_a_dirty_project_is_refused(template_v1, project):

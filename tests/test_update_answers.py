@@ -1,0 +1,111 @@
+"""Changing an answer on update, as docs/updating.md says: what it deletes, adds and changes.
+
+The page's table ("What a changed answer adds and removes") is read here and each row is
+checked against a real `copier update -d question=answer` of a default project in which the
+user added a case to a template test and wrote a test file of their own: the edited template
+test is deleted all the same (the page says so and how to keep it), the user's own file stays.
+A file the user deleted stays deleted on update, while `benchmarks/` keeps updating.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import copier
+import pytest
+
+from helpers import ROOT, copy_template_repo, git, git_init_commit, render, run
+
+pytestmark = pytest.mark.update
+
+PACKAGE = "my_torch_project"
+DOC = ROOT / "docs" / "updating.md"
+SECTION = "### What a changed answer adds and removes"
+
+
+def table_rows() -> dict[str, dict[str, set[str]]]:
+    """{`question=answer`: {"D": paths, "A": paths, "M": paths}} from the page's table."""
+    text = DOC.read_text()
+    section = text[text.index(SECTION) :]
+    rows: dict[str, dict[str, set[str]]] = {}
+    for line in section.splitlines()[1:]:
+        if line.startswith("#"):
+            break
+        cells = line.split(" | ")
+        found = re.fullmatch(r"\| `-d (\S+)`", cells[0])
+        if not found:
+            continue
+
+        def paths(cell: str) -> set[str]:
+            names = re.findall(r"`([^`]+)`", cell)
+            return {n.replace("<package>", PACKAGE) for n in names if re.search(r"\.\w+$", n)}
+
+        rows[found[1]] = {"D": paths(cells[1]), "A": paths(cells[2]), "M": paths(cells[3])}
+    return rows
+
+
+def status(project: Path) -> dict[str, set[str]]:
+    """Deleted, added (untracked) and modified paths after an update."""
+    found: dict[str, set[str]] = {"D": set(), "A": set(), "M": set()}
+    listed = run(["git", "status", "--porcelain", "--untracked-files=all"], project).stdout
+    for line in listed.splitlines():
+        code, path = line[:2].strip(), line[3:]
+        found["A" if code == "??" else code].add(path)
+    return found
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = copy_template_repo(tmp_path_factory.mktemp("answers") / "template")
+    git(repo, "tag", "v1.0.0")
+    return repo
+
+
+def test_the_table_has_the_three_answers():
+    assert set(table_rows()) == {"task=lm", "tracker=mlflow", "model=mlp"}
+
+
+@pytest.mark.parametrize("answer", ["task=lm", "tracker=mlflow", "model=mlp"])
+def test_a_changed_answer_changes_the_files_the_table_names(template, tmp_path, answer):
+    project = render(tmp_path / "project", src=template, vcs_ref="v1.0.0")
+    train_test = project / "tests" / "test_train.py"
+    train_test.write_text(train_test.read_text() + "\n\ndef test_a_case_of_mine():\n    pass\n")
+    (project / "tests" / "test_mine.py").write_text("def test_mine():\n    pass\n")
+    git_init_commit(project, "rendered, with the user's tests")
+    question, value = answer.split("=")
+
+    copier.run_update(
+        str(project), data={question: value}, defaults=True, overwrite=True, quiet=True
+    )
+
+    expected = table_rows()[answer]
+    found = status(project)
+    found["M"].discard(".copier-answers.yml")
+    assert found == expected, f"docs/updating.md's row for -d {answer} is out of date"
+    assert (project / "tests" / "test_mine.py").is_file()  # the user's own file: never deleted
+    if question == "task":  # the edited template test went; the page's command restores it
+        git(project, "restore", "--source=HEAD", "tests/test_train.py")
+        assert "test_a_case_of_mine" in train_test.read_text()
+
+
+def test_a_deleted_template_file_stays_deleted_and_benchmarks_still_update(template, tmp_path):
+    project = render(tmp_path / "project", src=template, vcs_ref="v1.0.0")
+    git_init_commit(project, "rendered")
+    git(project, "rm", "-q", f"src/{PACKAGE}/benchmark.py")
+    git(project, "commit", "-q", "-m", "no benchmark script")
+    package = template / "template" / "src" / "{{ package_name }}"
+    for name in ("benchmark.py", "benchmarks/__init__.py"):
+        path = package / name
+        path.write_text("# a change of the next release\n" + path.read_text())
+    git(template, "commit", "-q", "-am", "release v1.1.0")
+    git(template, "tag", "v1.1.0")
+    try:
+        copier.run_update(str(project), defaults=True, overwrite=True, quiet=True)
+    finally:
+        git(template, "tag", "-d", "v1.1.0")
+        git(template, "reset", "-q", "--hard", "v1.0.0")
+    assert not (project / "src" / PACKAGE / "benchmark.py").exists()
+    assert git(project, "diff", "--name-only", "--diff-filter=U") == ""
+    init = project / "src" / PACKAGE / "benchmarks" / "__init__.py"
+    assert init.read_text().startswith("# a change of the next release")
