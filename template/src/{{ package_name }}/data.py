@@ -276,7 +276,11 @@ class ResumableSampler(DistributedSampler):
         self.start = 0
 
     def __iter__(self) -> Iterator[int]:
-        return itertools.islice(super().__iter__(), self.start, None)
+        indices = itertools.islice(super().__iter__(), self.start, None)
+        if getattr(self.dataset, "drawn_per_epoch", False):  # text.EpochWindows: new samples
+            offset = self.epoch * len(self.dataset)  # every epoch, told by the index
+            return (offset + index for index in indices)
+        return indices
 
     def __len__(self) -> int:
         return super().__len__() - self.start
