@@ -277,8 +277,9 @@ class ResumableSampler(DistributedSampler):
 
     def __iter__(self) -> Iterator[int]:
         indices = itertools.islice(super().__iter__(), self.start, None)
-        if getattr(self.dataset, "drawn_per_epoch", False):  # text.EpochWindows: new samples
-            offset = self.epoch * len(self.dataset)  # every epoch, told by the index
+        if getattr(self.dataset, "drawn_per_epoch", False):
+            # New samples every epoch (text.EpochWindows): index epoch * len(dataset) + i.
+            offset = self.epoch * len(self.dataset)  # type: ignore[arg-type]
             return (offset + index for index in indices)
         return indices
 
