@@ -60,10 +60,16 @@ PROFILE_SHRINK = ["--profile-wait", "0", "--profile-warmup", "1", "--profile-ste
 # A full (not --quick) tune also tries compile on a CPU: dynamo's eager backend traces the
 # step as inductor's does, without tens of seconds of C++ compilation per trial.
 TUNE_SHRINK = ["--steps", "2", "--rounds", "2", "--compile-backend", "eager"]
+# The LM grid on a sliver of each token budget, one candidate; the compressor comparison on a
+# few windows (the LM page's commands).
+LM_GRID_SHRINK = ["--scale", "0.0005", "--rounds", "1", "--seconds", "0.05", "--val-windows", "8"]
+LM_GRID_SHRINK += ["--only", "w64-d4-s128-b32-lr3e-3-drop0.1"]
 SHRINK_BY_MODULE = {
     "train": SHRINK,
     "profiling": [*SHRINK, *PROFILE_SHRINK],
     "tune": [*SHRINK, *TUNE_SHRINK],
+    "lm_grid": LM_GRID_SHRINK,
+    "compress": ["--max-windows", "8"],
 }
 # Too slow to run here (minutes); a test of the generated project must run it with the same flags.
 # (single-node torchrun starts three torch processes: the generated suite runs it already).

@@ -310,7 +310,12 @@ class ResumableSampler(DistributedSampler):
         self.start = 0
 
     def __iter__(self) -> Iterator[int]:
-        return itertools.islice(super().__iter__(), self.start, None)
+        indices = itertools.islice(super().__iter__(), self.start, None)
+        if getattr(self.dataset, "drawn_per_epoch", False):
+            # New samples every epoch (text.EpochWindows): index epoch * len(dataset) + i.
+            offset = self.epoch * len(self.dataset)  # type: ignore[arg-type]
+            return (offset + index for index in indices)
+        return indices
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch for the order, and for the dataset's augmentation (images.Augmented)."""

@@ -2,10 +2,14 @@
 
 Two peaks, both per precision (fp32, tf32, bf16, fp16):
 
-- **measured**: the dense matmul rate this device reaches here, from a short calibration (big
-  square GEMMs after a warm-up, median of several). It exists on every device (CPU, MPS, any
-  GPU, a MIG slice) and is cached per device, precision, thread count and torch version in
-  `utils.cache_dir()`, so it costs about a second once per machine.
+- **measured**: the dense matmul rate this device reaches here, from a short calibration (square
+  GEMMs grown until one takes 20 ms, after a warm-up; the best of several, 2 n^3 FLOPs each).
+  It exists on every device (CPU, MPS, any GPU, a MIG slice) and is cached per device,
+  precision, thread count and torch version in `utils.cache_dir()`, so it costs about a second
+  once per machine; `python -m <package>.mfu --refresh` measures it again. A calibration on a
+  busy CPU is used but not cached. With a cached peak, each run still times a few matmuls at
+  start-up (the probe) and warns when they reach less than half the peak: the machine is busy
+  now, and tokens/s and MFU will read low (MFU stays against the cached peak, so runs compare).
 - **datasheet**: NVIDIA's dense (no sparsity) tensor-core peak for known GPUs, as a second
   reference: what the hardware could do in principle. Not for MIG slices (a slice has a
   fraction of the GPU's cores) and not for CPUs.
@@ -17,11 +21,11 @@ memory, no compute, no effect on the real model's weights, buffers or gradients.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import os
 import re
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +38,8 @@ from torch import nn
 from . import utils
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+# A start-up probe below this share of the cached peak means a busy machine: warn.
+BUSY_PROBE_SHARE = 0.5
 
 # Dense peaks in TFLOP/s from NVIDIA's datasheets (the "with sparsity" figures are twice the
 # tensor-core ones), per precision: fp32 = CUDA cores, the others = tensor cores. Matched
@@ -112,12 +118,14 @@ def measured_peak(
     repeats: int = 10,
     refresh: bool = False,
     cache: Path | None = None,
+    probe: bool = False,
 ) -> dict[str, Any]:
     """The dense matmul rate of this device in `precision`, measured once and cached.
 
     Returns {"tflops", "precision", "size", "device_name", "cached"}: square matmuls of
-    `size` (doubled from 256 until one product takes 20 ms, at most `max_size`). A
-    calibration made on a busy machine is low: delete the cache file to measure again.
+    `size` (doubled from 256 until one product takes 20 ms, at most `max_size`), the best of
+    `repeats`. `refresh` measures again. With `probe`, a cached peak is checked by a few
+    matmuls now: "probe_tflops", and a "warning" when they reach under BUSY_PROBE_SHARE of it.
     `precision` is the run's; fp32 is calibrated as tf32 where TF32 is on (`matmul_precision`).
     A calibration that fails (an unsupported dtype here) returns {"tflops": None, "reason"}.
     """
@@ -130,7 +138,8 @@ def measured_peak(
         try:
             found = json.loads(path.read_text())
             if isinstance(found.get("tflops"), float) and found["tflops"] > 0:
-                return {**found, "cached": True}
+                found = {**found, "cached": True}
+                return _with_probe(found, device, precision) if probe else found
         except (OSError, ValueError, AttributeError):
             pass  # absent or unreadable: measure again
     if max_size is None:
@@ -169,7 +178,7 @@ def _oversubscribed() -> bool:
 
 
 def _time_matmul(
-    device: torch.device, dtype: torch.dtype, max_size: int, repeats: int
+    device: torch.device, dtype: torch.dtype, max_size: int, repeats: int, start: int = 256
 ) -> tuple[float, int]:
     """(TFLOP/s, size) of square matmuls: the size doubles from 256 until one product takes
     20 ms or reaches `max_size`, so a slow path (fp16 on a CPU) costs seconds, not minutes."""
@@ -187,7 +196,7 @@ def _time_matmul(
         utils.synchronize(device)
         return time.perf_counter() - start
 
-    size = min(256, max_size)
+    size = min(start, max_size)
     a, b = operands(size)
     timed(a, b)  # the first call loads kernels and warms the allocator
     while timed(a, b) < 0.02 and size < max_size:
@@ -195,8 +204,28 @@ def _time_matmul(
         a, b = operands(size)
         timed(a, b)
     timed(a, b)  # warm-up at the final size (clocks ramp up under load)
-    seconds = statistics.median(timed(a, b) for _ in range(repeats))
-    return 2 * size**3 / seconds / 1e12, size
+    # The best, not the median: other processes only ever slow a product down.
+    seconds = min(timed(a, b) for _ in range(repeats))
+    return 2 * size**3 / seconds / 1e12, size  # an n x n by n x n product: n^3 multiply-adds
+
+
+def _with_probe(found: dict[str, Any], device: torch.device, precision: str) -> dict[str, Any]:
+    """`found` (a cached peak) with a quick probe at its size, and a warning when the probe
+    reaches under BUSY_PROBE_SHARE of it (other processes hold the device now)."""
+    size = int(found.get("size") or 1024)
+    try:
+        tflops, _ = _time_matmul(device, _DTYPES[precision], size, repeats=3, start=size)
+    except RuntimeError:
+        return found
+    found = {**found, "probe_tflops": tflops}
+    if tflops < BUSY_PROBE_SHARE * found["tflops"]:
+        found["warning"] = (
+            f"the start-up matmul probe reached {tflops:.3g} TFLOP/s, "
+            f"{tflops / found['tflops']:.0%} of this machine's cached peak "
+            f"{found['tflops']:.3g}: the {device.type} is busy, so throughput and MFU "
+            "(against the cached peak) will read low"
+        )
+    return found
 
 
 def training_flops(
@@ -257,6 +286,7 @@ class Utilization:
         self.peak: float | None = None
         self.datasheet: float | None = None
         self.reason = ""  # why there is no MFU, when there is none
+        self.warning = ""  # the start-up probe read far below the cached peak: a busy device
         if not enabled:
             return
         try:
@@ -265,7 +295,11 @@ class Utilization:
         except Exception as error:  # a user model or dataset this counter cannot trace
             self.reason = f"FLOPs not counted: {type(error).__name__}: {error}".splitlines()[0]
             return
-        self.peak = measured_peak(device, precision).get("tflops")
+        self._set_peaks(device, precision)
+
+    def _set_peaks(self, device: torch.device, precision: str) -> None:
+        found = measured_peak(device, precision, probe=True)
+        self.peak, self.warning = found.get("tflops"), found.get("warning", "")
         self.datasheet = datasheet_peak(device, precision)[0]
 
     @classmethod
@@ -292,14 +326,14 @@ class Utilization:
         `flops` None turns the columns off with a reason."""
         self = cls.__new__(cls)
         self.flops_per_sample, self.peak, self.datasheet, self.reason = None, None, None, ""
+        self.warning = ""
         if not enabled:
             return self
         if flops is None:
             self.reason = "the model has no flops_per_token()"
             return self
         self.flops_per_sample = flops
-        self.peak = measured_peak(device, precision).get("tflops")
-        self.datasheet = datasheet_peak(device, precision)[0]
+        self._set_peaks(device, precision)
         return self
 
     def record(self, samples_per_s: float) -> dict[str, float]:
@@ -314,3 +348,26 @@ class Utilization:
         if self.datasheet:
             record["mfu_datasheet"] = achieved / self.datasheet
         return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print this machine's measured peak (the cached one, or `--refresh` to measure again)."""
+    parser = argparse.ArgumentParser(prog="mfu", description=main.__doc__)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps")
+    parser.add_argument("--precision", default="fp32", choices=PRECISIONS)
+    parser.add_argument("--refresh", action="store_true", help="measure again, ignore the cache")
+    args = parser.parse_args(argv)
+    found = measured_peak(torch.device(args.device), args.precision, refresh=args.refresh)
+    if found.get("tflops") is None:
+        print(f"no measured peak: {found.get('reason')}")
+        return 1
+    how = "cached" if found["cached"] else found.get("note", "measured and cached")
+    print(
+        f"{found['device_name']}: {found['tflops'] * 1e3:,.1f} GFLOP/s {found['precision']} "
+        f"(square matmuls of {found['size']}, {how})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

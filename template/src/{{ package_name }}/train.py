@@ -253,6 +253,8 @@ def _build_model(
     utilization = task.utilization(raw_model, config, info, device, ctx.is_main)
     if utilization.reason:
         log(f"no MFU in metrics.jsonl: {utilization.reason}")
+    if utilization.warning:
+        log(utilization.warning)
     # Compile after .to(device); "auto" compiles only on CUDA, where it pays off quickly.
     compile_on = config.speed.compile == "on" or (
         config.speed.compile == "auto" and device.type == "cuda"
