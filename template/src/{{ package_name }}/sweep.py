@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import math
 import sys
 import time
@@ -159,6 +160,35 @@ def suggest(trial: Any, key: str, domain: Any) -> Any:
     return trial.suggest_float(key, float(low), float(high), step=domain.get("step"), log=log)
 
 
+def _retry_stale_trials() -> dict[str, Any]:
+    """The storage's argument that retries a dead worker's trial: a worker killed outright
+    (SIGKILL, a lost node) stops its heartbeat, and after the grace period its trial is marked
+    failed and queued again with the same values (and user_attrs: it resumes its run dir)."""
+    import optuna
+
+    try:  # Optuna 4.9 renamed the callback and the argument that takes it
+        from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
+
+        argument = "heartbeat_stale_trial_callback"
+    except ImportError:
+        from optuna.storages import RetryFailedTrialCallback as Retry
+
+        argument = "failed_trial_callback"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return {argument: Retry(max_retry=3)}
+
+
+class _AfterStop(logging.Filter):
+    """Drops Optuna's log lines once a trial stopped on a signal: its "Trial N failed" warning
+    carries the `Interrupted` traceback, and the sweep's own stop line says what happened."""
+
+    stopped = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.stopped
+
+
 def run_sweep(spec: Spec) -> Any:
     """Run trials until the study has `spec.trials` complete or pruned ones; return it."""
     import optuna
@@ -168,18 +198,7 @@ def run_sweep(spec: Spec) -> Any:
     out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
     url = spec.storage or f"sqlite:///{out / 'optuna.db'}"
-    # A worker killed outright (SIGKILL, a lost node) stops its heartbeat: after the grace
-    # period its trial is marked failed and retried with the same values, resuming its run dir.
-    try:  # Optuna 4.9 renamed the callback and the argument that takes it
-        from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
-
-        argument = "heartbeat_stale_trial_callback"
-    except ImportError:
-        from optuna.storages import RetryFailedTrialCallback as Retry
-
-        argument = "failed_trial_callback"
-
-    retry: dict[str, Any] = {argument: Retry(max_retry=3)}  # copies values and user_attrs
+    retry = _retry_stale_trials()
 
     def connect() -> Any:
         with warnings.catch_warnings():
@@ -240,19 +259,25 @@ def run_sweep(spec: Spec) -> Any:
         except Interrupted:
             # Saved: queue the same values, so the next worker resumes this run dir.
             study.enqueue_trial(trial.params, user_attrs={"run_dir": run_dir})
+            after_stop.stopped = True
             raise
         return float(result[spec.metric])
 
     left = spec.trials - len(study.get_trials(deepcopy=False, states=done))
+    after_stop, trial_log = _AfterStop(), logging.getLogger("optuna.study._optimize")
     if left > 0:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.optimize(
-                objective,
-                n_trials=left,  # a cap per worker; the callback stops all workers at the total
-                callbacks=[optuna.study.MaxTrialsCallback(spec.trials, states=done)],
-                catch=(ValueError,),  # a drawn value Config refuses fails that trial only
-            )
+        trial_log.addFilter(after_stop)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                study.optimize(
+                    objective,
+                    n_trials=left,  # a cap per worker; the callback stops all workers at the total
+                    callbacks=[optuna.study.MaxTrialsCallback(spec.trials, states=done)],
+                    catch=(ValueError,),  # a drawn value Config refuses fails that trial only
+                )
+        finally:
+            trial_log.removeFilter(after_stop)
     return study
 
 

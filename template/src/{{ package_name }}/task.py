@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import importlib
 import math
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -60,6 +62,12 @@ class Task:
         """What the run record (metrics.jsonl, every checkpoint) keeps of the data: class
         names, input shape, normalisation, augmentation; evaluate/predict/export read it."""
         return {"dataset": self.dataset_record} if self.dataset_record else {}
+
+    def check_resume(
+        self, state: dict[str, Any], config: Config, path: Path, log: Callable[[str], None]
+    ) -> None:
+        """Refuse (CheckpointError) a checkpoint whose data this run cannot continue; the
+        classifier has nothing beyond check_compatible's settings (the LM checks its corpus)."""
 
     def metrics(self, record: dict[str, Any], prefix: str = "") -> dict[str, float]:
         """Metrics derived from a log line's `loss` and `samples_per_s`, named with `prefix`

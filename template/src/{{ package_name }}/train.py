@@ -299,6 +299,7 @@ def resume(run: Run) -> bool:
         sharded_checkpoint.state_file(resume_path), map_location=device
     )
     checkpoint.check_compatible(state, config.flat(), resume_path)
+    run.task.check_resume(state, config, resume_path, run.log)  # the LM's corpus
     # A sharded folder loads onto however many ranks this run has (resharding).
     optimizer, scheduler = run.optimizer, run.scheduler
     sharded_checkpoint.load_model_and_optimizer(resume_path, state, run.raw_model, optimizer)
