@@ -1,7 +1,8 @@
 """Keep the documentation honest: every page exists, and no command in it went unrun.
 
 Reading the pages (step 1 below) lives in tests/docs_collect.py, running them (the drivers, the
-per-page project copies, the rewriting of commands) in tests/docs_runner.py; this file checks.
+per-page project copies, the rewriting of commands) in tests/docs_runner.py, accounting for
+each command by one rule in tests/docs_accounting.py; this file checks.
 
 How "every command shown in the docs was run by a test or by CI" is enforced
 ----------------------------------------------------------------------------
@@ -48,47 +49,25 @@ Python snippets on the pages are run by tests/test_docs_snippets.py.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from docs_accounting import LM_PAGE, Accounting, account, execute, inline_problems
 from docs_collect import (
-    ALLOWED_REASONS,
-    CHEAP_PROJECT_SESSIONS,
-    COVERED_BY_PROJECT_TESTS,
-    NEEDS_HARDWARE,
-    PACKAGE,
-    Command,
     Page,
-    _session_args,
     ci_commands,
-    normalise,
     nox_invocations,
     nox_sessions,
     parse_page,
 )
 from docs_runner import (
-    Runner,
-    check_nox,
-    covered_by_project_tests,
-    env_prefix,
-    nox_command,
-    output_promised,
-    parse_only,
     project_parser,
-    rewrite,
-    run_by_the_lm_render,
-    runs_alone,
-    start_driver,
-    touches_tracked_files_only,
 )
 from helpers import ROOT, copy_template_repo, render
 
@@ -117,8 +96,6 @@ PAGES_WITH_COMMANDS = [
     "troubleshooting.md",
 ]
 MIN_COMMANDS = 30
-# The language-model project's own page: its commands run in a render with `task: lm`.
-LM_PAGE = "template/docs/language-model.md.jinja"
 
 # --------------------------------------------------------------------------------------------
 # Fixtures
@@ -239,186 +216,32 @@ def test_the_collector_finds_what_it_should():
 
 
 def test_every_command_in_the_docs_was_run(project, lm_project, pages, template_repo, tmp_path):
-    problems = [problem for page in pages for problem in page.problems]
     commands = [command for page in pages for command in page.commands]
     assert len(commands) >= MIN_COMMANDS, f"only {len(commands)} commands found in the docs"
-    for name in PAGES_WITH_COMMANDS:
-        if not any(c.page == f"docs/{name}" for c in commands):
-            problems.append(f"docs/{name}: shows no command, so nothing on it is checked")
-
     template_sessions, template_defaults = nox_sessions(ROOT / "noxfile.py")
     project_sessions, _ = nox_sessions(ROOT / "template" / "noxfile.py")
     ci_run = ROOT / ".ci" / "run"
     ci_sessions: set[str] = set()
     for call in nox_invocations(ci_run.read_text()) if ci_run.exists() else []:
         ci_sessions |= set(call or template_defaults)
-    by_ci = ci_commands(project)
-    parsers = {project: project_parser(project), lm_project: project_parser(lm_project)}
-
-    checked: list[Command] = []
-    timings: list[tuple[float, str]] = []
-    # All pages of one project: one driver, one torch import.
-    module_steps: list[tuple[Command, dict, Path]] = []
-    later: list[tuple[Command, Runner, list[str], dict[str, str]]] = []
-    already_run: set[str] = set()  # an identical command on another page is not rerun
+    acc = Accounting(
+        project, lm_project, template_repo, tmp_path, ci_commands(project),
+        (template_sessions, ci_sessions, project_sessions),
+        {project: project_parser(project), lm_project: project_parser(lm_project)},
+        problems=[problem for page in pages for problem in page.problems],
+    )  # fmt: skip
+    for name in PAGES_WITH_COMMANDS:
+        if not any(c.page == f"docs/{name}" for c in commands):
+            acc.problems.append(f"docs/{name}: shows no command, so nothing on it is checked")
     for page_index, page in enumerate(pages):
-        runner: Runner | None = None
         base = lm_project if page.name == LM_PAGE else project  # the project the page is in
         for command in page.commands:
-            try:
-                words = shlex.split(command.text, comments=True)
-            except ValueError as error:
-                problems.append(f"{command.where()}: not valid shell ({error})")
-                continue
-            env, words = env_prefix(words)
-            hardware = bool(NEEDS_HARDWARE.search(command.text))
-            if command.reason is not None:
-                if command.reason not in ALLOWED_REASONS:
-                    problems.append(
-                        f"{command.where()}: marker reason must be one of "
-                        f"{ALLOWED_REASONS}, got {command.reason!r}"
-                    )
-                elif not hardware:
-                    problems.append(
-                        f"{command.where()}: marked 'not run in CI' but needs no "
-                        "GPU or cluster: it must be run"
-                    )
-                else:
-                    problems += parse_only(command, words, parsers[base])
-                    checked.append(command)
-                continue
-            if hardware:
-                problems.append(
-                    f"{command.where()}: needs a GPU or cluster; end it with "
-                    "`# not run in CI: needs a GPU` (or a cluster)"
-                )
-                continue
-            program = words[0] if words else ""
-            if program == "cd":
-                checked.append(command)
-                continue
-            if program == "nox":
-                problem = check_nox(
-                    command, words, template_sessions, ci_sessions, project_sessions
-                )
-                if problem:
-                    problems.append(problem)
-                    continue
-                # The project's sessions that are cheap are executed too, with --no-venv.
-                cheap = sorted(set(_session_args(words)) & CHEAP_PROJECT_SESSIONS)
-                if page.name in ("README.md", "CONTRIBUTING.md"):
-                    cheap = []  # the template repository's pages: their sessions are CI's
-                if cheap and " ".join(cheap) not in already_run:
-                    already_run.add(" ".join(cheap))
-                    runner = runner or Runner(base, tmp_path / f"page{page_index}", page)
-                    nox = [*nox_command(), "--no-venv", "-s", *cheap]
-                    later.append((command, runner, nox, env))
-                checked.append(command)
-                continue
-            if program in ("pip", "ruff", "mkdocs", "pytest") or words[:3] in (
-                ["python", "-m", "pip"],
-                ["python", "-m", "pytest"],
-            ):
-                if page.name == LM_PAGE and words[:3] == ["python", "-m", "pytest"]:
-                    problem = run_by_the_lm_render(command, words[3:], base)
-                    if problem:
-                        problems.append(problem)
-                    else:
-                        checked.append(command)
-                elif normalise(command.text) not in by_ci:
-                    problems.append(
-                        f"{command.where()}: neither CI nor a noxfile runs this "
-                        "command; run it there, or change the docs"
-                    )
-                else:
-                    checked.append(command)
-                continue
-            module = words[2] if program == "python" and words[1:2] == ["-m"] else ""
-            args = words[3:]
-            if program == "torchrun":
-                module, args = "torch.distributed.run", words[1:]
-            if module in COVERED_BY_PROJECT_TESTS:
-                problem = covered_by_project_tests(command, module, args, base)
-                if problem:
-                    problems.append(problem)
-                else:
-                    checked.append(command)
-                continue
-            # The same command on another page gives the same result: run it once. Not for
-            # commands whose result depends on earlier ones (resume, git) or whose promised
-            # output must be checked.
-            key = " ".join([str(base), *map(str, env.items()), *rewrite(words, template_repo)])
-            repeatable = "--resume" in words or program == "git" or command.output
-            if key in already_run and not repeatable:
-                checked.append(command)
-                continue
-            already_run.add(key)
-            runner = runner or Runner(base, tmp_path / f"page{page_index}", page)
-            if module.startswith(PACKAGE + "."):
-                module_steps.append((command, runner.module_step(module, words[3:]), base))
-            elif program in ("python", "grep", "ps", "copier", "torchrun", "git"):
-                later.append((command, runner, rewrite(words, template_repo), env))
-            else:
-                problems.append(
-                    f"{command.where()}: no rule says how `{program}` is checked; "
-                    "add one to tests/test_docs.py or drop the command"
-                )
-                continue
-            checked.append(command)
-
-    # Module commands run in one worker process, in page order. Meanwhile (two cores, two
-    # streams) the shell commands that cannot see what module commands write run: copier and
-    # git (they touch only tracked files), and commands that name no run output, each in a
-    # copy of its own. The rest run after the worker, since they may read its output
-    # (metrics, checkpoints); nothing a module command needs comes from a shell command.
-    # The language model's driver starts when the first one is done: two streams, two cores.
-    drivers = [
-        (steps, start_driver(base, [step for _, step, _ in steps]) if base == project else None)
-        for base in (project, lm_project)
-        for steps in [[item for item in module_steps if item[2] == base]]
-    ]
-    independent = [item for item in later if runs_alone(item)]
-    for item in [*independent, None, *(i for i in later if not runs_alone(i))]:
-        if item is None:
-            for steps, driver in filter(lambda pair: pair[0], drivers):
-                driver = driver or start_driver(steps[0][2], [step for _, step, _ in steps])
-                output, errors = driver.communicate(timeout=900)
-                assert driver.returncode == 0, f"docs driver crashed:\n{errors[-3000:]}"
-                for (command, _, _), result in zip(steps, json.loads(output), strict=True):
-                    timings.append((result["seconds"], command.where()))
-                    problem = output_promised(command, result["code"], result["output"])
-                    if problem:
-                        problems.append(f"{command.where()}: {problem}")
-            continue
-        command, runner, words, env = item
-        cwd = runner.project
-        if runs_alone(item) and not touches_tracked_files_only(words):
-            cwd = runner.isolated()
-        if words[:4] == [sys.executable, "-m", "copier", "copy"]:
-            cwd = runner.workspace / "scratch"  # not over the example project
-            cwd.mkdir(exist_ok=True)
-        started = time.perf_counter()
-        result = runner.shell(words, cwd, env)
-        timings.append((time.perf_counter() - started, command.where()))
-        code = result.returncode
-        if words[0] == "grep" and code == 1:
-            code = 0  # no match is an answer, not a failure
-        problem = output_promised(command, code, result.stdout + result.stderr)
-        if problem:
-            problems.append(f"{command.where()}: {problem}")
-
-    inline_known = {" ".join(c.text.split()) for c in checked}
-    for page in pages:
-        for command in page.inline:
-            text = " ".join(command.text.split())
-            if not any(known == text or known.startswith(text + " ") for known in inline_known):
-                problems.append(
-                    f"{page.name}: inline command `{command.text}` is shown nowhere "
-                    "in a checked block; show it in a ```bash block"
-                )
+            account(acc, command, page, page_index, base)
+    timings = execute(acc)
+    acc.problems += inline_problems(pages, acc.checked)
     for seconds, where in sorted(timings, reverse=True)[:10]:
         print(f"{seconds:6.1f} s  {where}")  # shown with -s or on failure: where the time goes
-    assert not problems, "\n\n".join(problems)
+    assert not acc.problems, "\n\n".join(acc.problems)
 
 
 def test_the_site_builds_in_strict_mode(tmp_path):
