@@ -24,7 +24,7 @@ import pytest
 from helpers import ROOT
 
 PACKAGE_DIR = "template/src/{{ package_name }}"
-USER_MODULES = ("model", "data", "config")  # the user's files that template code calls into
+USER_MODULES = ("model", "data", "config", "extensions")  # the user's files template code calls
 INTERFACE_DOC = ROOT / "docs" / "updating.md"
 
 
