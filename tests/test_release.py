@@ -263,4 +263,5 @@ def test_the_release_checks_see_renames_calls_and_notes(tmp_path):
         "model": {"build_model_for", "extra"},
         "data": {"build_datasets"},
         "config": set(),
+        "extensions": set(),
     }
