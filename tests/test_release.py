@@ -280,12 +280,12 @@ def test_the_users_files_hold_no_template_code_a_release_would_change() -> None:
         text = (base / name).read_text()
         assert "{{" not in text and "{%" not in text, f"{name} depends on an answer"
         tree = ast.parse(text)
-        defined[module] = {
-            node.name if isinstance(node, ast.FunctionDef | ast.ClassDef) else node.target.id
-            for node in tree.body
-            if isinstance(node, ast.FunctionDef | ast.ClassDef)
-            or (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name))
-        }
+        defined[module] = set()
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef | ast.ClassDef):
+                defined[module].add(node.name)
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                defined[module].add(node.target.id)
     readers = {"parse_config", "load_toml", "to_toml"}  # one-line hand-overs to config_parsing
     assert defined == {
         "config": {"Config", *readers},
