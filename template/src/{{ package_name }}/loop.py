@@ -41,7 +41,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     says which it is, so a resume can set this run's --weight-decay on the right one.
     """
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    decay, rest = [], []
+    decay: list[nn.Parameter] = []
+    rest: list[nn.Parameter] = []
     for param in model.parameters():  # each tied tensor once
         (decay if param.ndim >= 2 and id(param) not in embeddings else rest).append(param)
     return [
