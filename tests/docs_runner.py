@@ -292,11 +292,12 @@ def parse_only(command: Command, words: list[str], train_parser) -> list[str]:
     if words[:1] == ["srun"]:
         words = words[1:]
     module_args: list[str] | None = None
-    if words[:1] == ["torchrun"]:
+    launcher = words[:3] == ["python", "-m", f"{PACKAGE}.launch"]  # torchrun's arguments
+    if words[:1] == ["torchrun"] or launcher:
         from torch.distributed.run import get_args_parser
 
         try:
-            args = get_args_parser().parse_args(words[1:])
+            args = get_args_parser().parse_args(words[3:] if launcher else words[1:])
         except SystemExit:
             return [f"{command.where()}: torchrun does not accept these arguments"]
         if args.module and args.training_script == f"{PACKAGE}.train":

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from . import distributed, trackers
+from .checkpoint import SaveError
 from .config import ConfigError
 
 
@@ -162,9 +163,14 @@ class MetricsWriter:
             k: (None if isinstance(v, float) and not math.isfinite(v) else v)
             for k, v in record.items()
         }
-        self._file.write(json.dumps(clean) + "\n")
-        if self._tracker is not None:
-            self._tracker.write(record)
+        try:
+            self._file.write(json.dumps(clean) + "\n")
+            if self._tracker is not None:
+                self._tracker.write(record)
+        except OSError as error:  # a disk that filled, a tracker folder that became read-only
+            where, why = error.filename or self.path, error.strerror or error
+            message = f"{where} cannot be written ({why}); checkpoints are as last saved"
+            raise SaveError(message) from None
 
     def close(self) -> None:
         if self._file is not None:

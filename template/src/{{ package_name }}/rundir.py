@@ -6,7 +6,9 @@
   is one line at the start, not a traceback after an epoch of training);
 - it takes an exclusive `flock` on `<run-dir>/.lock` for the life of the process, so a second
   run on the same directory stops at once, naming the pid and host that hold it (the kernel
-  releases the lock when the holder exits, also after `kill -9`);
+  releases the lock when the holder exits, also after `kill -9`); a lock left held by a
+  process that outlived its run (`stale`: the holder's pid is dead on this host, or it was an
+  earlier attempt of this torchrun job) is taken over, so an elastic restart can resume;
 - it refuses a directory that already holds checkpoints unless the run resumes (`--resume`),
   so a repeated command never replaces a finished run;
 - it removes temporary files that a killed save left behind.
@@ -21,6 +23,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shutil
 import socket
 import sys
@@ -62,7 +65,7 @@ def claim(run_dir: Path, resume: str | None) -> IO[str] | None:
     checkpoints = run_dir / "checkpoints"
     try:
         checkpoints.mkdir(parents=True, exist_ok=True)
-        lock = open(run_dir / LOCK_NAME, "a+", encoding="utf-8")  # noqa: SIM115 - held open
+        lock: IO[str] = open(run_dir / LOCK_NAME, "a+", encoding="utf-8")  # noqa: SIM115
     except OSError as error:
         raise RunDirError(f"--run-dir {run_dir} cannot be used: {_reason(error)}") from None
     if fcntl is not None:
@@ -72,14 +75,17 @@ def claim(run_dir: Path, resume: str | None) -> IO[str] | None:
             lock.seek(0)
             holder = lock.read().strip() or "an unknown process"
             lock.close()
-            raise RunDirError(
-                f"--run-dir {run_dir} is in use by another run ({holder}); wait for it to "
-                "finish or choose another --run-dir"
-            ) from None
+            why = stale(holder)
+            if why is None:
+                raise RunDirError(
+                    f"--run-dir {run_dir} is in use by another run ({holder}); wait for it to "
+                    "finish or choose another --run-dir"
+                ) from None
+            lock = _take_over(run_dir, holder, why)
     try:
         lock.seek(0)
         lock.truncate()
-        lock.write(f"pid {os.getpid()} on host {socket.gethostname()}\n")
+        lock.write(holder_line())
         lock.flush()
         _probe(checkpoints)
     except OSError as error:
@@ -100,6 +106,75 @@ def claim(run_dir: Path, resume: str | None) -> IO[str] | None:
         else:
             orphan.unlink(missing_ok=True)
     return lock
+
+
+def holder_line() -> str:
+    """Who holds the lock: pid and host, and under torchrun its job id and restart count."""
+    line = f"pid {os.getpid()} on host {socket.gethostname()}"
+    job = os.environ.get("TORCHELASTIC_RUN_ID")
+    if job:
+        line += f", torchrun job {job} restart {os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}"
+    return line + "\n"
+
+
+def stale(holder: str) -> str | None:
+    """Why a held lock is left over from a run that is gone (None: it may be alive).
+
+    The flock is the kernel's and ends with its holder, but a process forked while the lock
+    was held (a DataLoader worker, until it notices its parent died) keeps it, and so can a
+    network file system for a dead client. Taken over: a holder whose pid is dead on this
+    host, or an earlier attempt of this torchrun job (same job id, lower restart count:
+    torchrun restarts a group only after its processes have exited or been killed).
+    """
+    pattern = r"pid (\d+) on host (\S+?)(?:, torchrun job (\S+) restart (\d+))?"
+    found = re.fullmatch(pattern, holder)
+    if found is None:
+        return None
+    pid, host, job, restart = found.groups()
+    if host == socket.gethostname() and not _alive(int(pid)):
+        return f"pid {pid} is no longer running on {host}"
+    ours = os.environ.get("TORCHELASTIC_RUN_ID")
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    if job is not None and job == ours and restart is not None and int(restart) < attempt:
+        return f"restart {attempt} of torchrun job {job} replaces restart {restart}"
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, owned by someone else
+        return True
+    return True
+
+
+def _take_over(run_dir: Path, holder: str, why: str) -> IO[str]:
+    """Put a new lock file, locked by this process, in place of a stale one.
+
+    The stale holder keeps its lock on the old file, which no one opens any more. Of two
+    processes taking over at once, the one whose file is not in place at the end refuses.
+    """
+    path = run_dir / LOCK_NAME
+    fresh_path = run_dir / f"{LOCK_NAME}.{os.getpid()}.tmp"
+    fresh = open(fresh_path, "w+", encoding="utf-8")  # noqa: SIM115 - held open
+    try:
+        fcntl.flock(fresh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fresh.write(holder_line())
+        fresh.flush()
+        os.replace(fresh_path, path)
+        if os.stat(path).st_ino != os.fstat(fresh.fileno()).st_ino:
+            raise OSError(errno.EBUSY, "another process took the lock over first")
+    except OSError as error:
+        fresh.close()
+        fresh_path.unlink(missing_ok=True)
+        reason = _reason(error)
+        raise RunDirError(
+            f"--run-dir {run_dir}: could not take over the stale lock of {holder}: {reason}"
+        ) from None
+    log(f"took over the run-dir lock of {holder} ({why})")
+    return fresh
 
 
 def claim_on_rank_zero(
