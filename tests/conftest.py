@@ -49,7 +49,7 @@ LONGEST_FIRST = [
     "test_update",
     "test_utils_mutations",
     "test_docs",
-    "test_update_real_edits",
+    "test_update_kept_example",
 ]
 
 
