@@ -14,6 +14,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import yaml
@@ -176,21 +177,83 @@ def make_user_edits(project: Path) -> None:
     (project / "tests" / "test_our_model.py").write_text(USER_TEST)
 
 
-def move_our_metric(text: str, step: Step) -> str:
-    """The user's part of the note that moves per-epoch metrics: they know their metric; the
-    note says where it goes and with which parameters (read here from its skeleton)."""
-    tree = ast.parse(text)
-    (func,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "extra_metrics"]
-    model, loader, device = [a.arg for a in func.args.args][:3]
-    body = f'    return {{"val_confidence": mean_confidence({model}, {loader}, {device})}}\n'
+def replace_return(path: Path, name: str, body: str) -> list[str]:
+    """Put `body` in place of the final `return` of function `name` in `path`; returns the
+    function's parameter names (the user writes their lines against them)."""
+    text = path.read_text()
+    found = [n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == name]
+    assert found, f"{path.name} has no def {name}"
+    last = found[0].body[-1]
+    assert isinstance(last, ast.Return), f"{name}'s skeleton ends with its return"
     lines = text.splitlines(keepends=True)
-    last = func.body[-1]
-    assert isinstance(last, ast.Return), "the skeleton ends with its return"
-    lines[last.lineno - 1 : last.end_lineno] = [body]
-    return "".join(lines)
+    indent = " " * last.col_offset
+    lines[last.lineno - 1 : last.end_lineno] = [textwrap.indent(body, indent)]
+    path.write_text("".join(lines))
+    return [a.arg for a in found[0].args.args]
 
 
-MOVERS = {("per-epoch metrics", "extra_metrics"): move_our_metric}
+def add_imports(path: Path, *lines: str) -> None:
+    """Our imports, after the file's last top-level import, each unless it is there."""
+    text = path.read_text()
+    missing = "".join(f"{line}\n" for line in lines if line not in text)
+    last = [n for n in ast.parse(text).body if isinstance(n, ast.Import | ast.ImportFrom)][-1]
+    parts = text.splitlines(keepends=True)
+    path.write_text("".join(parts[: last.end_lineno]) + missing + "".join(parts[last.end_lineno :]))
+
+
+def move_our_metric(project: Path, path: Path, step: Step) -> None:
+    """Our metric, the mean top-1 probability, as the extension point's per-batch sum: the
+    note gives the place and the parameters, we know the metric."""
+    text = path.read_text()
+    params = [n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef)]
+    (func,) = [n for n in params if n.name == "extra_metrics"]
+    logits, _ = [a.arg for a in func.args.args]  # our metric needs the logits alone
+    body = f'return {{"confidence": {logits}.float().softmax(dim=1).max(dim=1).values.sum()}}\n'
+    replace_return(path, "extra_metrics", body)
+
+
+def move_our_defaults(project: Path, path: Path, step: Step) -> None:
+    """Our two defaults, as the arguments of their group in `Config`'s group line."""
+    for group, cls, args in (("optim", "OptimConfig", "epochs=7, lr=1e-3"),):
+        text, count = re.subn(
+            rf"^(    {group}: {cls} = field\(default_factory=)(?:lambda: )?{cls}(?:\(\))?\)",
+            rf"\1lambda: {cls}({args}))",
+            path.read_text(),
+            flags=re.M,
+        )
+        assert count == 1, f"no `{group}: {cls} = field(default_factory=...)` line in {path}"
+        path.write_text(text)
+
+
+def move_our_source(project: Path, path: Path, step: Step) -> None:
+    """Our parity source, as a source of the registry: `make_parity`, and a function that
+    answers for `--data-dir parity` and None otherwise."""
+    shown = [n for n in ast.parse(step.code).body if isinstance(n, ast.FunctionDef)]
+    (param,) = [a.arg for a in shown[0].args.args] if shown else ["config"]  # a source's one
+    add_imports(
+        path,
+        "from typing import Any",
+        "import torch",
+        "from torch.utils.data import TensorDataset",
+        "from .config import Config",
+    )
+    ours = USER_DATA_SOURCE + "\n\n" + f"def parity_source({param}: Config) -> Any:\n"
+    ours += PARITY_BRANCH.replace("config.", f"{param}.") + "    return None\n"
+    text = path.read_text()
+    text, count = re.subn(r"^(SOURCES: [^=]+= )\[\]", r"\1[parity_source]", text, flags=re.M)
+    assert count == 1, f"no empty `SOURCES` list in {path}"
+    lines = text.splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("SOURCES"))
+    while at and lines[at - 1].startswith("#"):  # above the comment that introduces it
+        at -= 1
+    path.write_text("".join(lines[:at]) + ours.lstrip("\n") + "\n\n" + "".join(lines[at:]))
+
+
+MOVERS = {
+    ("per-epoch metrics", "extra_metrics"): move_our_metric,
+    ("changed defaults", "Config"): move_our_defaults,
+    ("data sources", "SOURCES"): move_our_source,
+}
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ following them changes nothing.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -183,9 +184,9 @@ def test_a_move_step_adds_the_skeleton_and_hands_the_body_to_the_user(tmp_path):
     move = f"Move your own metrics from `train.py` into `extras` in `hooks.py`:{block}"
     seen = []
 
-    def user(text: str, step: Step) -> str:
+    def user(project: Path, path: Path, step: Step) -> None:
         seen.append(step.fields["noun"])
-        return text.replace("return {}", 'return {"mine": 1.0}')
+        path.write_text(path.read_text().replace("return {}", 'return {"mine": 1.0}'))
 
     follow(tmp_path, "pkg", "image", steps_of(notes(move)), {("own metrics", "extras"): user})
     assert seen == ["own metrics"]

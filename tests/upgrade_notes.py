@@ -149,7 +149,7 @@ def parse_bullet(prose: str, code: str, where: str) -> Step | None:
 # Following them
 # --------------------------------------------------------------------------------------------
 
-Mover = Callable[[str, Step], str]  # (the file's text with the skeleton, the step) -> text
+Mover = Callable[[Path, Path, Step], None]  # (project, the file with the skeleton, the step)
 
 
 def follow(
@@ -359,4 +359,4 @@ def move_code(project: Path, step: Step, movers: dict[tuple[str, str], Mover]) -
     if key[1] not in _defined(ast.parse(path.read_text()).body):  # a def, class or name
         raise NoteError(f"{step.where}: its block defines no `{key[1]}`: {step.bullet!r}")
     if key in movers:
-        path.write_text(movers[key](path.read_text(), step))
+        movers[key](project, path, step)
