@@ -24,7 +24,7 @@ import pytest
 from helpers import ROOT
 
 PACKAGE_DIR = "template/src/{{ package_name }}"
-USER_MODULES = ("model", "data", "config")  # the user's files that template code calls into
+USER_MODULES = ("model", "data", "config", "extensions")  # the user's files template code calls
 INTERFACE_DOC = ROOT / "docs" / "updating.md"
 
 
@@ -263,4 +263,42 @@ def test_the_release_checks_see_renames_calls_and_notes(tmp_path):
         "model": {"build_model_for", "extra"},
         "data": {"build_datasets"},
         "config": set(),
+        "extensions": set(),
     }
+
+
+def test_the_users_files_hold_no_template_code_a_release_would_change() -> None:
+    """A release that adds a config field, changes a default, or adds a data source or a metric
+    must change only template-owned files (config_base.py, data_sources.py, task.py), so that
+    it never conflicts with a user's edits: config.py's `Config` declares only the groups (the
+    lines where a user passes other defaults), data.py only `SOURCES` and `build_datasets`,
+    extensions.py only `extra_metrics`; none of them depends on an answer."""
+    base = ROOT / PACKAGE_DIR
+    files = {"config": "config.py.jinja", "data": "data.py", "extensions": "extensions.py"}
+    defined: dict[str, set[str]] = {}
+    for module, name in files.items():
+        text = (base / name).read_text()
+        assert "{{" not in text and "{%" not in text, f"{name} depends on an answer"
+        tree = ast.parse(text)
+        defined[module] = set()
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef | ast.ClassDef):
+                defined[module].add(node.name)
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                defined[module].add(node.target.id)
+    readers = {"parse_config", "load_toml", "to_toml"}  # one-line hand-overs to config_parsing
+    assert defined == {
+        "config": {"Config", *readers},
+        "data": {"SOURCES", "build_datasets"},
+        "extensions": {"extra_metrics"},
+    }
+    config = next(
+        node
+        for node in ast.parse((base / files["config"]).read_text()).body
+        if isinstance(node, ast.ClassDef) and node.name == "Config"
+    )
+    fields = [node for node in config.body if isinstance(node, ast.AnnAssign)]
+    assert [ast.unparse(node.annotation) for node in fields] == [
+        "RunConfig", "DataConfig", "ModelConfig", "OptimConfig", "SpeedConfig", "LogConfig"
+    ]  # fmt: skip
+    assert all("default_factory=" in ast.unparse(node) for node in fields)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from . import data, distributed, images, mfu, parallel, utils
+from . import data, distributed, extensions, images, mfu, parallel, utils
 from . import model as user_model
 from .config import Config, ConfigError
 from .data import DataInfo
@@ -161,11 +161,12 @@ def evaluate(
     model: nn.Module, loader: Any, device: torch.device, precision: str, task: Task | None = None
 ) -> dict[str, float]:
     """Mean loss and accuracy over `loader`, summed across ranks (each holds a shard), plus
-    the task's own metrics (`val_bpb` for a language model)."""
+    the task's own metrics (`val_bpb` for a language model) and the user's (extensions.py)."""
     task = task or Task()
     with utils.evaluation_mode(model):
         loss_sum = torch.zeros((), device=device)
         correct = torch.zeros((), device=device)
+        extra: dict[str, torch.Tensor] = {}  # extensions.extra_metrics' sums, by name
         count = 0
         for batch in loader:
             inputs, targets = utils.to_device(tuple(batch), device)
@@ -175,9 +176,20 @@ def evaluate(
             loss_sum += cross_entropy(logits.float(), targets, reduction="sum")
             correct += (logits.argmax(1) == targets).sum()
             count += targets.shape[0]
-        totals = torch.stack([loss_sum, correct, torch.tensor(float(count), device=device)])
-        loss, right, seen = distributed.all_reduce(totals).tolist()
+            for name, value in extensions.extra_metrics(logits.float(), targets).items():
+                extra[name] = extra.get(name, 0) + torch.as_tensor(value, device=device).float()
+        names = sorted(extra)
+        sums = [loss_sum, correct, torch.tensor(float(count), device=device)]
+        totals = torch.stack([*sums, *(extra[name] for name in names)])
+        loss, right, seen, *extra_sums = distributed.all_reduce(totals).tolist()
     result = {"val_loss": loss / max(seen, 1), "val_acc": right / max(seen, 1)}
+    for name, total in zip(names, extra_sums, strict=True):
+        if f"val_{name}" in result:
+            raise ConfigError(
+                f"extensions.extra_metrics returns {name!r}, the template's own val_{name}: "
+                "rename yours"
+            )
+        result[f"val_{name}"] = total / max(seen, 1)
     return {**result, **task.metrics({"loss": result["val_loss"]}, "val_")}
 
 
