@@ -25,8 +25,12 @@ from upgrade_notes import Step, conflicted_files, parse_steps
 RELEASE = "0.2.0"
 PACKAGE = "edited_project"
 SRC = f"src/{PACKAGE}"
-# `<<<<<<<` blocks per file that `copier update --defaults` leaves in the kept example.
-CONFLICT_BLOCKS = {f"{SRC}/train.py": 2}  # its imports, the end of an epoch
+# `<<<<<<<` blocks per file that `copier update --defaults` leaves in the kept example, and in
+# the project with two changed defaults only: config.py and data.py were rewritten in this
+# release (their template halves moved to config_base.py and data_sources.py, issue 28), each
+# conflicts in one block where the user edited it; train.py in its imports and epoch end.
+CONFLICT_BLOCKS = {f"{SRC}/config.py": 1, f"{SRC}/data.py": 1, f"{SRC}/train.py": 2}
+DEFAULTS_CONFLICT_BLOCKS = {f"{SRC}/config.py": 1}
 
 USER_README = """# Edited project
 
@@ -214,15 +218,39 @@ def move_our_metric(project: Path, path: Path, step: Step) -> None:
 
 def move_our_defaults(project: Path, path: Path, step: Step) -> None:
     """Our two defaults, as the arguments of their group in `Config`'s group line."""
-    for group, cls, args in (("optim", "OptimConfig", "epochs=7, lr=1e-3"),):
-        text, count = re.subn(
-            rf"^(    {group}: {cls} = field\(default_factory=)(?:lambda: )?{cls}(?:\(\))?\)",
-            rf"\1lambda: {cls}({args}))",
-            path.read_text(),
-            flags=re.M,
-        )
-        assert count == 1, f"no `{group}: {cls} = field(default_factory=...)` line in {path}"
-        path.write_text(text)
+    group_line(path, "optim", "lambda: OptimConfig(epochs=7, lr=1e-3)")
+
+
+def move_our_config(project: Path, path: Path, step: Step) -> None:
+    """Our defaults, and our `depth` field and `resmlp` choice in a subclass of the model
+    group (so model.py keeps reading `config.model.depth`), as the note's prose says."""
+    move_our_defaults(project, path, step)
+    group_line(path, "model", "MyModelConfig")
+    add_imports(path, "from typing import Literal")
+    text = path.read_text()
+    at = text.index("@dataclass\nclass Config(")
+    path.write_text(text[:at] + MY_MODEL_CONFIG + "\n\n" + text[at:])
+
+
+MY_MODEL_CONFIG = """@dataclass
+class MyModelConfig(ModelConfig):
+    model: Literal["cnn", "mlp", "resmlp"] = field(  # type: ignore[assignment]
+        default="cnn", metadata={"help": "model architecture"}
+    )
+    depth: int = field(default=3, metadata={"help": "residual blocks (resmlp)"})
+"""
+
+
+def group_line(path: Path, group: str, factory: str) -> None:
+    """`group: Type = field(default_factory=...)` in `Config` gets `factory`."""
+    text, count = re.subn(
+        rf"^(    {group}: )\w+( = field\(default_factory=)[^\n]*\)$",
+        rf"\1{factory.removeprefix('lambda: ').split('(')[0]}\2{factory})",
+        path.read_text(),
+        flags=re.M,
+    )
+    assert count == 1, f"no `{group}: ... = field(default_factory=...)` line in {path}"
+    path.write_text(text)
 
 
 def move_our_source(project: Path, path: Path, step: Step) -> None:
@@ -249,11 +277,12 @@ def move_our_source(project: Path, path: Path, step: Step) -> None:
     path.write_text("".join(lines[:at]) + ours.lstrip("\n") + "\n\n" + "".join(lines[at:]))
 
 
-MOVERS = {
-    ("per-epoch metrics", "extra_metrics"): move_our_metric,
-    ("changed defaults", "Config"): move_our_defaults,
-    ("data sources", "SOURCES"): move_our_source,
-}
+NOUNS = ("config defaults and fields", "Config"), ("data sources", "SOURCES")
+METRICS = ("per-epoch metrics", "extra_metrics")
+# What each user does for a Move note, by its (noun, name): the kept example's user...
+MOVERS = {NOUNS[0]: move_our_config, NOUNS[1]: move_our_source, METRICS: move_our_metric}
+# ...and the user who changed two defaults and nothing else.
+DEFAULTS_MOVERS = {NOUNS[0]: move_our_defaults}
 
 
 # --------------------------------------------------------------------------------------------

@@ -31,6 +31,8 @@ import pytest
 from helpers import ROOT, copy_template_repo, git, run
 from kept_example import (
     CONFLICT_BLOCKS,
+    DEFAULTS_CONFLICT_BLOCKS,
+    DEFAULTS_MOVERS,
     ENV_SRC,
     MOVERS,
     OURS,
@@ -94,7 +96,8 @@ def test_the_kept_example_updates_by_following_the_notes(kept, tmp_path):
     """docs/updating.md's Update block as the page writes it, then its Resolve checks, then
     the notes followed literally; then the project trains with its own flags, resumes its
     0.2.0 checkpoint and passes its own tests and a selection of the template's.
-    Conflict blocks (CONFLICT_BLOCKS): train.py 2 (the user's import, the end of an epoch)."""
+    Conflict blocks (CONFLICT_BLOCKS): config.py 1, data.py 1 (both rewritten by this
+    release), train.py 2 (the user's import, the end of an epoch); none elsewhere."""
     project = clone(kept, tmp_path / "project")
     status, update, unmerged, rejects = doc_commands("## Update")
     assert update == "copier update --defaults"
@@ -167,8 +170,9 @@ def test_pretend_on_the_kept_example_changes_nothing(kept, tmp_path):
 
 def test_skip_answered_and_a_changed_answer_on_the_kept_example(kept, tmp_path):
     """Without `--defaults`, with `--skip-answered` (no question was added since 0.2.0: none
-    is asked, stdin closed) and `-d tracker=mlflow`: the tracker default changes, the user's
-    config edits stay, and the conflicts are the default update's."""
+    is asked, stdin closed) and `-d tracker=mlflow`: the tracker default changes (in the
+    template's config_base.py), every user line stays, and the conflicts are the default
+    update's."""
     project = clone(kept, tmp_path / "project")
     subprocess.run(
         [sys.executable, "-m", "copier", "update", "--skip-answered", "-d", "tracker=mlflow"],
@@ -180,25 +184,25 @@ def test_skip_answered_and_a_changed_answer_on_the_kept_example(kept, tmp_path):
     _, _, unmerged, rejects = doc_commands("## Update")
     assert run_doc(project, unmerged).stdout.split() == sorted(CONFLICT_BLOCKS)
     assert run_doc(project, rejects).stdout == ""
-    config = (project / SRC / "config.py").read_text()
-    assert re.search(r"tracker: Literal\[[^]]*\] = field\(\s*default=\"mlflow\"", config)
-    assert re.search(r"epochs: int = field\(default=7\b", config)
-    assert "depth: int = field(default=3" in config
+    assert user_lines_lost(project) == []  # the user's config edits: in config.py's block
+    config_base = (project / SRC / "config_base.py").read_text()
+    assert re.search(r"tracker: Literal\[[^]]*\] = field\(\s*default=\"mlflow\"", config_base)
     answers = (project / ".copier-answers.yml").read_text()
     assert "tracker: mlflow" in answers and "_commit: v99.0.0" in answers
 
 
 def test_a_project_with_changed_defaults_only_updates_by_the_notes(history, tmp_path):
-    """Changed default values only (epochs, lr): no conflict, nothing to do by hand; it
+    """Changed default values only (epochs, lr): config.py conflicts in one block (this release
+    rewrote it), which the notes resolve with the user's two defaults put in `Config`; it
     trains, and the template's config tests pass with the user's defaults. Then, as the
     interface table says, a model.py without build_model_for stops training with one line."""
     project = rendered_release(history, tmp_path / "defaults")
     change_defaults(project)
     commit_all(project, "our defaults")
     copier(project, "--defaults")
-    blocks = follow(project, PACKAGE, "image", notes_after_release(project), MOVERS)
+    blocks = follow(project, PACKAGE, "image", notes_after_release(project), DEFAULTS_MOVERS)
     print(f"conflict blocks per file: {blocks}")
-    assert blocks == {}, f"changed defaults alone conflict: {blocks}"
+    assert blocks == DEFAULTS_CONFLICT_BLOCKS, f"conflict blocks per file: {blocks}"
     resolved(project)
     imports_every_module(project)
     train(project, *SMALL, "--epochs", "1", "--run-dir", str(tmp_path / "run"))
