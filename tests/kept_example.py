@@ -335,9 +335,10 @@ def resolved(project: Path) -> None:
     git(project, "diff", "--cached", "--check")
 
 
-def imports_every_module(project: Path) -> None:
+def imports_every_module(project: Path, then: str = "") -> None:
+    """Every module of the package imports (then `then` runs, in the same process)."""
     modules = sorted(p.stem for p in (project / SRC).glob("*.py") if p.stem != "__init__")
-    code = "; ".join(f"import {PACKAGE}.{m}" for m in modules)
+    code = "; ".join([*(f"import {PACKAGE}.{m}" for m in modules), *filter(None, [then])])
     run([sys.executable, "-c", code], project, env={ENV_SRC: str(project / "src")})
 
 

@@ -204,7 +204,8 @@ def test_a_project_with_changed_defaults_only_updates_by_the_notes(history, tmp_
     print(f"conflict blocks per file: {blocks}")
     assert blocks == DEFAULTS_CONFLICT_BLOCKS, f"conflict blocks per file: {blocks}"
     resolved(project)
-    imports_every_module(project)
+    ours = f"from {PACKAGE}.config import Config; c = Config().optim; assert (c.epochs, c.lr) == "
+    imports_every_module(project, then=ours + "(7, 1e-3), c")  # the user's defaults are kept
     train(project, *SMALL, "--epochs", "1", "--run-dir", str(tmp_path / "run"))
     # A model.py rewritten without build_model_for (as against v0.1.0): one line, exit 2.
     model = project / SRC / "model.py"
