@@ -169,18 +169,25 @@ def test_pretend_on_the_kept_example_changes_nothing(kept, tmp_path):
 
 
 def test_skip_answered_and_a_changed_answer_on_the_kept_example(kept, tmp_path):
-    """Without `--defaults`, with `--skip-answered` (no question was added since 0.2.0: none
-    is asked, stdin closed) and `-d tracker=mlflow`: the tracker default changes (in the
-    template's config_base.py), every user line stays, and the conflicts are the default
-    update's."""
+    """Without `--defaults` copier asks every question again (the page says so): with no
+    terminal it stops at the first, writing nothing, though no question was added since 0.2.0.
+    With `--skip-answered` it asks only new ones (none) and, with `-d tracker=mlflow`, the
+    tracker default changes (in the template's config_base.py), every user line stays, and the
+    conflicts are the default update's."""
     project = clone(kept, tmp_path / "project")
-    subprocess.run(
-        [sys.executable, "-m", "copier", "update", "--skip-answered", "-d", "tracker=mlflow"],
-        cwd=project,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        check=True,
-    )
+    no_new_question = ["git", "diff", "--quiet", release_revision(RELEASE), "--", "copier.yml"]
+    run(no_new_question, ROOT)  # exit 1 (a failure here) once a question is added
+
+    def update(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "copier", "update", *args]
+        return subprocess.run(
+            cmd, cwd=project, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False
+        )
+
+    asked = update()
+    assert asked.returncode != 0 and "Interactive session required" in asked.stderr
+    assert git(project, "status", "--porcelain") == ""
+    assert update("--skip-answered", "-d", "tracker=mlflow").returncode == 0
     _, _, unmerged, rejects = doc_commands("## Update")
     assert run_doc(project, unmerged).stdout.split() == sorted(CONFLICT_BLOCKS)
     assert run_doc(project, rejects).stdout == ""
