@@ -85,7 +85,6 @@ def kept(history: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     project = rendered_release(history, tmp_path_factory.mktemp("kept") / "project")
     make_user_edits(project)
     commit_all(project, "our edits")
-    run([*PYTEST, "tests/test_our_model.py"], project, env={ENV_SRC: str(project / "src")})
     train(project, *OURS, "--epochs", "1", "--run-dir", "runs/ours")
     assert (project / "runs/ours/checkpoints/last.pt").is_file()
     assert git(project, "status", "--porcelain") == ""  # runs/ is ignored: copier may update
@@ -198,12 +197,14 @@ def test_skip_answered_and_a_changed_answer_on_the_kept_example(kept, tmp_path):
     assert "tracker: mlflow" in answers and "_commit: v99.0.0" in answers
 
 
-def test_a_project_with_changed_defaults_only_updates_by_the_notes(history, tmp_path):
+def test_a_project_with_changed_defaults_only_updates_by_the_notes(kept, tmp_path):
     """Changed default values only (epochs, lr): config.py conflicts in one block (this release
-    rewrote it), which the notes resolve with the user's two defaults put in `Config`; it
-    trains, and the template's config tests pass with the user's defaults. Then, as the
-    interface table says, a model.py without build_model_for stops training with one line."""
-    project = rendered_release(history, tmp_path / "defaults")
+    rewrote it), which the notes resolve with the user's two defaults put in `Config`; they are
+    in effect, and the template's config tests pass with them. Then, as the interface table
+    says, a model.py without build_model_for stops training with one line."""
+    project = tmp_path / "defaults"
+    run(["git", "clone", "-q", kept, project], tmp_path)
+    git(project, "reset", "-q", "--hard", "HEAD~1")  # the 0.2.0 render, before the edits
     change_defaults(project)
     commit_all(project, "our defaults")
     copier(project, "--defaults")
@@ -213,7 +214,6 @@ def test_a_project_with_changed_defaults_only_updates_by_the_notes(history, tmp_
     resolved(project)
     ours = f"from {PACKAGE}.config import Config; c = Config().optim; assert (c.epochs, c.lr) == "
     imports_every_module(project, then=ours + "(7, 1e-3), c")  # the user's defaults are kept
-    train(project, *SMALL, "--epochs", "1", "--run-dir", str(tmp_path / "run"))
     # A model.py rewritten without build_model_for (as against v0.1.0): one line, exit 2.
     model = project / SRC / "model.py"
     model.write_text(model.read_text().split("\ndef build_model_for(")[0])
