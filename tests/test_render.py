@@ -108,7 +108,7 @@ def test_tracker_packages_come_only_through_their_extras(rendered, name):
     assert extras["tensorboard"][0].startswith("tensorboard")
     assert extras["mlflow"][0].startswith("mlflow-skinny")
     assert extras["wandb"][0].startswith("wandb")
-    config = (project / "src" / package_name(MATRIX[name]) / "config.py").read_text()
+    config = (project / "src" / package_name(MATRIX[name]) / "config_base.py").read_text()
     assert f'default="{tracker}"' in config  # the answer is --tracker's default
     install = '".[test]"' if tracker == "none" else f'".[test,{tracker}]"'
     assert f"pip install -e {install}" in (project / "docs" / "template.md").read_text()

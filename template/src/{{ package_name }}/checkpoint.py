@@ -286,6 +286,32 @@ def flat_record(values: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
+def regrouped(
+    saved: dict[str, Any], model: Any, optimizer: torch.optim.Optimizer
+) -> dict[str, Any]:
+    """A one-group optimizer state (v0.2.0 and before: every parameter, in
+    `model.parameters()` order) rearranged into `optimizer`'s groups (weight decay on matrices
+    only), so those checkpoints resume with their moments on the same weights."""
+    groups = optimizer.param_groups
+    params = list(model.parameters())
+    if len(saved["param_groups"]) != 1 or len(groups) == 1:
+        return saved
+    if len(saved["param_groups"][0]["params"]) != len(params):
+        return saved  # does not fit: load_state_dict says so
+    new_index = {id(p): i for i, p in enumerate(p for group in groups for p in group["params"])}
+    old_index = saved["param_groups"][0]["params"]
+    moved = {old: new_index[id(p)] for old, p in zip(old_index, params, strict=True)}
+    hyper = {k: v for k, v in saved["param_groups"][0].items() if k != "params"}
+    return {
+        "state": {moved[old]: value for old, value in saved["state"].items()},
+        "param_groups": [
+            {**hyper, "weight_decay": group["weight_decay"], "decay": group.get("decay", True),
+             "params": [new_index[id(p)] for p in group["params"]]}
+            for group in groups
+        ],
+    }  # fmt: skip
+
+
 def load_state_into(target: Any, state: dict[str, Any], what: str, path: Path) -> None:
     """`target.load_state_dict(state)` with a one-line error if the shapes do not fit."""
     try:

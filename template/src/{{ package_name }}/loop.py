@@ -32,6 +32,32 @@ from .mfu import Utilization
 from .task import Task, blow_up_error, cross_entropy, evaluate, step_is_finite
 
 
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW's parameter groups: weight decay on weight matrices and conv kernels (2-D and
+    more), none on biases, norms and embeddings (a tied output layer is the embedding).
+
+    Measured on the language model's default run (docs/language-model.md): 0.009 nats lower
+    validation loss than decay on everything, on each of two seeds. Each group's `decay` key
+    says which it is, so a resume can set this run's --weight-decay on the right one.
+    """
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    decay: list[nn.Parameter] = []
+    rest: list[nn.Parameter] = []
+    for param in model.parameters():  # each tied tensor once
+        (decay if param.ndim >= 2 and id(param) not in embeddings else rest).append(param)
+    return [
+        {"params": decay, "weight_decay": weight_decay, "decay": True},
+        {"params": rest, "weight_decay": 0.0, "decay": False},
+    ]
+
+
+def set_weight_decay(optimizer: torch.optim.Optimizer, weight_decay: float) -> None:
+    """This run's --weight-decay on the groups `param_groups` marks for decay (all of a
+    one-group optimizer's)."""
+    for group in optimizer.param_groups:
+        group["weight_decay"] = weight_decay if group.get("decay", True) else 0.0
+
+
 @dataclass
 class Run:
     """One training run: the parts `train.build_run` makes, then where the run stands.

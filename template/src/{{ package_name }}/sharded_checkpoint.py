@@ -124,7 +124,8 @@ def load_model_and_optimizer(
         )
     else:
         checkpoint.load_state_into(model, state["model"], "model", path)
-        checkpoint.load_state_into(optimizer, state["optimizer"], "optimizer", path)
+        saved = checkpoint.regrouped(state["optimizer"], model, optimizer)  # v0.2.0's one group
+        checkpoint.load_state_into(optimizer, saved, "optimizer", path)
 
 
 def load_shards(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

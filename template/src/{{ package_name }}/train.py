@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from . import checkpoint, distributed, finetune, parallel, rundir, sharded_checkpoint, utils
+from . import checkpoint, distributed, finetune, loop, parallel, rundir, sharded_checkpoint, utils
 from .checkpoint import Interrupted
 from .config import Config, ConfigError, parse_config
 from .data import DataInfo, ResumableSampler, shard
@@ -276,9 +276,10 @@ def _build_model(
 def build_optimizer(
     config: Config, model: nn.Module, device: torch.device
 ) -> torch.optim.Optimizer:
-    """AdamW; fused, it updates every parameter in a few kernels instead of several each."""
+    """AdamW, weight decay on matrices only (`loop.param_groups`); fused, it updates every
+    parameter in a few kernels instead of several each."""
     return torch.optim.AdamW(
-        model.parameters(),
+        loop.param_groups(model, config.optim.weight_decay),
         lr=config.optim.lr,
         weight_decay=config.optim.weight_decay,
         fused=device.type == "cuda",
@@ -310,7 +311,7 @@ def resume(run: Run) -> bool:
     scheduler.base_lrs = [config.optim.lr for _ in optimizer.param_groups]
     for group in optimizer.param_groups:
         group["lr"] = config.optim.lr * scheduler.lr_lambdas[0](scheduler.last_epoch)
-        group["weight_decay"] = config.optim.weight_decay
+    loop.set_weight_decay(optimizer, config.optim.weight_decay)
     checkpoint.restore_rng_state(state["rng"], device)
     run.epoch, run.skip_samples = state["epoch"], state["samples_in_epoch"]
     run.global_step, run.best_acc = state["step"], state.get("best_val_acc", -1.0)

@@ -28,6 +28,7 @@ from .. import utils
 from ..config import Config
 from ..data import DataInfo
 from ..task import Task
+from ..train import build_optimizer
 
 MIN_RUNS = 5  # timed rounds per measurement, at least (3 with --quick)
 
@@ -230,13 +231,8 @@ def fresh_model(ctx: Context) -> nn.Module:
 
 
 def make_optimizer(model: nn.Module, config: Config, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW as train.py builds it (fused on CUDA), so step times compare like with like."""
-    return torch.optim.AdamW(
-        model.parameters(),
-        lr=config.optim.lr,
-        weight_decay=config.optim.weight_decay,
-        fused=device.type == "cuda",
-    )
+    """AdamW as train.py builds it, so step times compare like with like."""
+    return build_optimizer(config, model, device)
 
 
 def make_step(
