@@ -41,7 +41,7 @@ def rendered() -> dict[str, Path]:
 # The longest modules first, so two xdist workers finish together (a module runs whole on one
 # worker; `nox -s tests` passes --no-loadscope-reorder so this order is kept). Seconds on the
 # CI machine, roughly: the slow render ~400, package mutations ~400, the other renders ~250,
-# the update tests ~250, docs ~120, utils mutations ~140, real edits ~70.
+# the update tests ~250, docs ~120, utils mutations ~140, the kept example ~110.
 LONGEST_FIRST = [
     "test_matrix_slow",
     "test_package_mutations",
@@ -49,7 +49,7 @@ LONGEST_FIRST = [
     "test_update",
     "test_utils_mutations",
     "test_docs",
-    "test_update_real_edits",
+    "test_update_kept_example",
 ]
 
 

@@ -15,201 +15,52 @@ selection of the template's pass. A second project with changed default values o
 and passes too. The conflict blocks per file are in CONFLICT_BLOCKS (and each test's output).
 
 When a template change makes this fail, keep it compatible with these edits or add an Upgrade
-note in the form docs/updating.md gives ("How to follow the Upgrade notes").
+note in the form docs/updating.md gives ("Follow the Upgrade notes").
 """
 
 from __future__ import annotations
 
-import ast
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from helpers import ROOT, copy_template_repo, git, git_init_commit, render, run
+from helpers import ROOT, copy_template_repo, git, run
+from kept_example import (
+    CONFLICT_BLOCKS,
+    DEFAULTS_CONFLICT_BLOCKS,
+    DEFAULTS_MOVERS,
+    ENV_SRC,
+    MOVERS,
+    OURS,
+    PACKAGE,
+    PYTEST,
+    RELEASE,
+    SMALL,
+    SRC,
+    USER_README,
+    change_defaults,
+    clone,
+    commit_all,
+    copier,
+    doc_commands,
+    imports_every_module,
+    make_user_edits,
+    notes_after_release,
+    rendered_release,
+    resolved,
+    run_doc,
+    snapshot,
+    train,
+    user_lines_lost,
+)
 from test_release import release_revision
-from upgrade_notes import Step, conflicted_files, follow, parse_steps
+from upgrade_notes import follow
 
 pytestmark = [pytest.mark.update, pytest.mark.slow]
-
-RELEASE = "0.2.0"
-PACKAGE = "edited_project"
-SRC = f"src/{PACKAGE}"
-# `<<<<<<<` blocks per file that `copier update --defaults` leaves in the kept example.
-CONFLICT_BLOCKS = {f"{SRC}/train.py": 2}  # its imports, the end of an epoch
-
-USER_README = """# Edited project
-
-Our classifier for parity images. Results: see `runs/`. Contact: the team.
-"""
-
-USER_MODEL_DOC = (
-    '''"""Our models: the template's CNN and MLP, and our residual MLP (`--model resmlp`)."""'''
-)
-
-USER_RESMLP = '''
-class ResMLP(nn.Module):
-    """Our residual MLP: `depth` residual blocks over flattened inputs."""
-
-    def __init__(self, in_features: int, num_classes: int, width: int, depth: int) -> None:
-        super().__init__()
-        self.inp = nn.Sequential(nn.Flatten(), nn.Linear(in_features, width))
-        self.blocks = nn.ModuleList(
-            nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width), nn.GELU())
-            for _ in range(depth)
-        )
-        self.out = nn.Linear(width, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.inp(x)
-        for block in self.blocks:
-            x = x + block(x)
-        return self.out(x)
-
-
-def mean_confidence(model: nn.Module, loader: Any, device: torch.device) -> float:
-    """Our metric: the mean top-1 softmax probability over `loader`."""
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for inputs, _ in loader:
-            probs = model(inputs.to(device)).float().softmax(dim=1)
-            total += probs.max(dim=1).values.sum().item()
-            count += inputs.shape[0]
-    return total / max(count, 1)
-
-
-'''
-
-USER_DATA_SOURCE = '''
-
-def make_parity(samples: int, image_size: int, seed: int) -> TensorDataset:
-    """Our data source: images whose class is the parity of their bright pixels."""
-    generator = torch.Generator().manual_seed(seed)
-    inputs = (torch.rand(samples, 3, image_size, image_size, generator=generator) > 0.5).float()
-    targets = inputs[:, 0].sum(dim=(1, 2)).long() % 2
-    return TensorDataset(inputs, targets)
-'''
-
-PARITY_BRANCH = (
-    '    if config.data.data_dir == "parity":\n'
-    "        size = config.data.image_size\n"
-    "        train = make_parity(config.data.train_samples, size, seed=1)\n"
-    "        val = make_parity(config.data.val_samples, size, seed=2)\n"
-    "        return train, val, DataInfo(3, size, 2, in_memory=True)\n"
-)
-
-USER_METRIC = (
-    '            val["val_confidence"] = mean_confidence(raw_model, val_loader, device)  # ours\n'
-)
-
-USER_TEST = f'''"""Our tests, written against v{RELEASE}."""
-
-import torch
-
-from {PACKAGE}.config import Config
-from {PACKAGE}.data import build_datasets
-from {PACKAGE}.model import build_model
-
-
-def test_resmlp_has_the_depth_we_ask_for():
-    model = build_model(
-        "resmlp", in_channels=3, image_size=8, num_classes=2, width=16, dropout=0.0, depth=3
-    )
-    assert len(model.blocks) == 3
-    assert model(torch.zeros(2, 3, 8, 8)).shape == (2, 2)
-
-
-def test_our_defaults():
-    config = Config()
-    assert (config.optim.epochs, config.optim.lr, config.model.depth) == (7, 1e-3, 3)
-
-
-def test_the_parity_source():
-    train, _, info = build_datasets(Config().replace(data_dir="parity", image_size=8))
-    assert info.num_classes == 2 and len(train) == Config().data.train_samples
-'''
-
-
-def edit(path: Path, pattern: str, replacement: str) -> None:
-    """A regex edit that must match exactly once: a drifted release fails loudly here."""
-    text, count = re.subn(pattern, replacement, path.read_text(), flags=re.M)
-    assert count == 1, f"{pattern!r} matched {count} times in {path}"
-    path.write_text(text)
-
-
-def change_defaults(project: Path) -> None:
-    """What a user does first: their own defaults, in the fields 0.2.0 put them in."""
-    config = project / SRC / "config.py"
-    edit(config, r"(epochs: int = field\(default=)5\b", r"\g<1>7")
-    edit(config, r"(lr: float = field\(default=)3e-3\b", r"\g<1>1e-3")
-
-
-def make_user_edits(project: Path) -> None:
-    package = project / SRC
-    model = package / "model.py"
-    text, count = re.subn(r'\A""".*?"""', lambda _: USER_MODEL_DOC, model.read_text(), flags=re.S)
-    assert count == 1
-    model.write_text(text)
-    edit(model, r"^(import torch\n)", r"from typing import Any\n\n\1")
-    edit(model, r"^(?=def build_model\()", USER_RESMLP.lstrip("\n"))
-    edit(
-        model,
-        r"dropout: float\n\) -> nn\.Module:",
-        "dropout: float, depth: int = 2\n) -> nn.Module:",
-    )
-    edit(
-        model,
-        r"^(?=    raise ValueError\(f\"unknown model)",
-        '    if name == "resmlp":\n'
-        "        features = in_channels * image_size * image_size\n"
-        "        return ResMLP(features, num_classes, 8 * width, depth)\n",
-    )
-    edit(
-        model,
-        r"^(        dropout=config\.model\.dropout,\n)",
-        r"\1        depth=config.model.depth,\n",
-    )
-    change_defaults(project)
-    config = package / "config.py"
-    edit(config, r'(model: Literal\["cnn", "mlp")\]', r'\1, "resmlp"]')
-    edit(
-        config,
-        r"^(    dropout: float = field\(.*\n)",
-        r'\1    depth: int = field(default=3, metadata={"help": "residual blocks (resmlp)"})\n',
-    )
-    data = package / "data.py"
-    edit(data, r"^(?=def build_datasets\()", USER_DATA_SOURCE.lstrip("\n") + "\n\n")
-    edit(data, r"^(?=    if config\.data\.data_dir is None:\n)", PARITY_BRANCH)
-    train = package / "train.py"
-    edit(train, r"^(from \.metrics import .*\n)", r"\1from .model import mean_confidence\n")
-    edit(train, r"^(                val = evaluate\(raw_model, .*\n)", r"\1" + USER_METRIC)
-    (project / "README.md").write_text(USER_README)
-    (project / "tests" / "test_our_model.py").write_text(USER_TEST)
-
-
-def move_our_metric(text: str, step: Step) -> str:
-    """The user's part of the note that moves per-epoch metrics: they know their metric; the
-    note says where it goes and with which parameters (read here from its skeleton)."""
-    tree = ast.parse(text)
-    (func,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "extra_metrics"]
-    model, loader, device = [a.arg for a in func.args.args][:3]
-    body = f'    return {{"val_confidence": mean_confidence({model}, {loader}, {device})}}\n'
-    lines = text.splitlines(keepends=True)
-    last = func.body[-1]
-    assert isinstance(last, ast.Return), "the skeleton ends with its return"
-    lines[last.lineno - 1 : last.end_lineno] = [body]
-    return "".join(lines)
-
-
-MOVERS = {("per-epoch metrics", "extra_metrics"): move_our_metric}
-
-
-# --------------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -228,79 +79,40 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return history
 
 
-def rendered_release(history: Path, dest: Path) -> Path:
-    project = render(dest, {"project_name": "edited-project"}, src=history, vcs_ref=f"v{RELEASE}")
-    git_init_commit(project, f"rendered from v{RELEASE}")
-    return project
-
-
-def commit_all(project: Path, message: str) -> None:
-    git(project, "add", "-A")
-    git(project, "commit", "-q", "-m", message)
-
-
-ENV_SRC = "PYTHONPATH"
-PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x"]
-SMALL = ["--train-samples", "64", "--val-samples", "32", "--batch-size", "16", "--image-size", "8"]
-OURS = ["--model", "resmlp", "--data-dir", "parity", *SMALL]
-
-
-def train(project: Path, *flags: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", f"{PACKAGE}.train", *flags]
-    return run(cmd, project, env={ENV_SRC: str(project / "src")}, check=check)
-
-
 @pytest.fixture(scope="module")
 def kept(history: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The kept example on 0.2.0, committed, with one epoch trained into runs/ours (ignored)."""
     project = rendered_release(history, tmp_path_factory.mktemp("kept") / "project")
     make_user_edits(project)
     commit_all(project, "our edits")
-    run([*PYTEST, "tests/test_our_model.py"], project, env={ENV_SRC: str(project / "src")})
     train(project, *OURS, "--epochs", "1", "--run-dir", "runs/ours")
     assert (project / "runs/ours/checkpoints/last.pt").is_file()
     assert git(project, "status", "--porcelain") == ""  # runs/ is ignored: copier may update
     return project
 
 
-def clone(kept: Path, dest: Path) -> Path:
-    """A copy of the kept example, its ignored run folder (the 0.2.0 checkpoint) included."""
-    run(["git", "clone", "-q", kept, dest], kept.parent)
-    shutil.copytree(kept / "runs", dest / "runs")
-    return dest
-
-
-def notes_after_release(project: Path) -> list[Step]:
-    """The steps of every note newer than the release the project was on (its last commit)."""
-    answers = yaml.safe_load(git(project, "show", "HEAD:.copier-answers.yml"))
-    assert answers["_commit"] == f"v{RELEASE}"
-    return parse_steps((ROOT / "CHANGELOG.md").read_text(), RELEASE)
-
-
-def copier(project: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return run([sys.executable, "-m", "copier", "update", *args], project, check=check)
-
-
-def resolved(project: Path) -> None:
-    """No marker left; `git add` (the docs' next step) clears the unmerged state, and the
-    docs' check, `git diff --check`, passes on what would be committed."""
-    assert conflicted_files(project) == {}
-    git(project, "add", "-A")
-    assert git(project, "diff", "--name-only", "--diff-filter=U") == ""
-    git(project, "diff", "--cached", "--check")
-
-
-def imports_every_module(project: Path) -> None:
-    modules = sorted(p.stem for p in (project / SRC).glob("*.py") if p.stem != "__init__")
-    code = "; ".join(f"import {PACKAGE}.{m}" for m in modules)
-    run([sys.executable, "-c", code], project, env={ENV_SRC: str(project / "src")})
-
-
 def test_the_kept_example_updates_by_following_the_notes(kept, tmp_path):
-    """`copier update --defaults`, then the notes; then it trains, resumes 0.2.0's checkpoint
-    and passes its suite. Conflict blocks (CONFLICT_BLOCKS): train.py 1 (the metric)."""
+    """docs/updating.md's Update block as the page writes it, then its Resolve checks, then
+    the notes followed literally; then the project trains with its own flags, resumes its
+    0.2.0 checkpoint and passes its own tests and a selection of the template's.
+    Conflict blocks (CONFLICT_BLOCKS): config.py 1, data.py 1 (both rewritten by this
+    release), train.py 2 (the user's import, the end of an epoch); none elsewhere."""
     project = clone(kept, tmp_path / "project")
-    copier(project, "--defaults")
+    status, update, unmerged, rejects = doc_commands("## Update")
+    assert update == "copier update --defaults"
+    assert run_doc(project, status).stdout == ""
+    run_doc(project, update)
+    assert run_doc(project, unmerged).stdout.split() == sorted(CONFLICT_BLOCKS)
+    assert run_doc(project, rejects).stdout == ""
+    assert user_lines_lost(project) == []  # every line of theirs is in a file, maybe a block
+    markers, check, grep = doc_commands("## Resolve a conflict")
+    assert run_doc(project, markers).stdout.split() == sorted(CONFLICT_BLOCKS)
+    assert run_doc(project, check, check=False).returncode != 0
+    found = run_doc(project, grep, check=False).stdout.splitlines()
+    assert sorted({line.split(":")[0].removeprefix("./") for line in found}) == sorted(
+        CONFLICT_BLOCKS
+    )
+
     blocks = follow(project, PACKAGE, "image", notes_after_release(project), MOVERS)
     print(f"conflict blocks per file: {blocks}")
     assert blocks == CONFLICT_BLOCKS, f"conflict blocks per file: {blocks}"
@@ -309,26 +121,106 @@ def test_the_kept_example_updates_by_following_the_notes(kept, tmp_path):
     imports_every_module(project)
 
     resumed = train(project, *OURS, "--epochs", "2", "--run-dir", "runs/ours", "--resume", "auto")
-    assert "resum" in (resumed.stdout + resumed.stderr).lower(), resumed.stderr
+    assert "resumed from " in resumed.stderr + resumed.stdout, resumed.stderr
     records = [json.loads(line) for line in (project / "runs/ours/metrics.jsonl").open()]
     epochs = [r for r in records if r.get("kind") == "epoch"]
     assert [r["epoch"] for r in epochs] == [1, 2], epochs
-    assert 0.0 < epochs[-1]["val_confidence"] <= 1.0, "our metric is not in the epoch record"
+    assert 0.0 < epochs[-1].get("val_confidence", -1) <= 1.0, f"our metric is lost: {epochs}"
+    # The Review block's test command, on our tests and a selection of the template's.
+    *_, suite = doc_commands("## Review what changed")
+    assert suite == 'python -m pytest -m "not gpu"'
     selected = ["tests/test_our_model.py", "tests/test_config.py", "tests/test_smoke.py"]
-    env = {ENV_SRC: str(project / "src")}
-    run([*PYTEST, "-m", "not gpu and not slow", *selected], project, env=env)
+    run_doc(
+        project, f'{suite} -m "not gpu and not slow" -q -p no:cacheprovider {" ".join(selected)}'
+    )
 
 
-def test_a_project_with_changed_defaults_only_updates_by_the_notes(history, tmp_path):
-    project = rendered_release(history, tmp_path / "defaults")
+def test_conflict_rej_on_the_kept_example_is_found_by_the_documented_checks(kept, tmp_path):
+    """`--conflict rej` puts the template's lines in train.py and the user's in a `.rej`:
+    the page's reject check lists it (no line of theirs is anywhere else), and its Abort
+    block brings back exactly the committed project, the ignored checkpoint included."""
+    project = clone(kept, tmp_path / "project")
+    before = snapshot(project)
+    _, update, unmerged, rejects = doc_commands("## Update")
+    run_doc(project, f"{update} --conflict rej")
+    assert run_doc(project, unmerged).stdout == ""  # nothing unmerged: markers checks are blind
+    listed = run_doc(project, rejects).stdout.split()
+    assert listed == [f"{name}.rej" for name in sorted(CONFLICT_BLOCKS)]
+    assert user_lines_lost(project) == []  # each line not in its file is in a listed .rej
+    assert "mean_confidence" not in (project / SRC / "train.py").read_text()  # reverted there
+    dry_run, reset, clean = doc_commands("## Abort and retry")
+    assert f"Would remove {listed[0]}" in run_doc(project, dry_run).stdout.splitlines()
+    run_doc(project, reset)
+    run_doc(project, clean)
+    after = snapshot(project)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert [name for name in changed if not name.startswith(".git/")] == []
+
+
+def test_pretend_on_the_kept_example_changes_nothing(kept, tmp_path):
+    """`--pretend` names the release it would update to and writes nothing, .git included."""
+    project = clone(kept, tmp_path / "project")
+    before = snapshot(project)
+    _, update, *_ = doc_commands("## Update")
+    result = run_doc(project, f"{update} --pretend")
+    assert "99.0.0" in result.stdout + result.stderr
+    assert snapshot(project) == before
+
+
+def test_skip_answered_and_a_changed_answer_on_the_kept_example(kept, tmp_path):
+    """Without `--defaults` copier asks every question again (the page says so): with no
+    terminal it stops at the first, writing nothing, though no question was added since 0.2.0.
+    With `--skip-answered` it asks only new ones (none) and, with `-d tracker=mlflow`, the
+    tracker default changes (in the template's config_base.py), every user line stays, and the
+    conflicts are the default update's."""
+    project = clone(kept, tmp_path / "project")
+    no_new_question = ["git", "diff", "--quiet", release_revision(RELEASE), "--", "copier.yml"]
+    run(no_new_question, ROOT)  # exit 1 (a failure here) once a question is added
+
+    def update(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "copier", "update", *args]
+        return subprocess.run(
+            cmd, cwd=project, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False
+        )
+
+    asked = update()
+    assert asked.returncode != 0 and "Interactive session required" in asked.stderr
+    assert git(project, "status", "--porcelain") == ""
+    assert update("--skip-answered", "-d", "tracker=mlflow").returncode == 0
+    _, _, unmerged, rejects = doc_commands("## Update")
+    assert run_doc(project, unmerged).stdout.split() == sorted(CONFLICT_BLOCKS)
+    assert run_doc(project, rejects).stdout == ""
+    assert user_lines_lost(project) == []  # the user's config edits: in config.py's block
+    config_base = (project / SRC / "config_base.py").read_text()
+    assert re.search(r"tracker: Literal\[[^]]*\] = field\(\s*default=\"mlflow\"", config_base)
+    answers = (project / ".copier-answers.yml").read_text()
+    assert "tracker: mlflow" in answers and "_commit: v99.0.0" in answers
+
+
+def test_a_project_with_changed_defaults_only_updates_by_the_notes(kept, tmp_path):
+    """Changed default values only (epochs, lr): config.py conflicts in one block (this release
+    rewrote it), which the notes resolve with the user's two defaults put in `Config`; they are
+    in effect, and the template's config tests pass with them. Then, as the interface table
+    says, a model.py without build_model_for stops training with one line."""
+    project = tmp_path / "defaults"
+    run(["git", "clone", "-q", kept, project], tmp_path)
+    git(project, "reset", "-q", "--hard", "HEAD~1")  # the 0.2.0 render, before the edits
     change_defaults(project)
     commit_all(project, "our defaults")
     copier(project, "--defaults")
-    blocks = follow(project, PACKAGE, "image", notes_after_release(project), MOVERS)
+    blocks = follow(project, PACKAGE, "image", notes_after_release(project), DEFAULTS_MOVERS)
     print(f"conflict blocks per file: {blocks}")
-    assert blocks == {}, f"changed defaults alone conflict: {blocks}"
+    assert blocks == DEFAULTS_CONFLICT_BLOCKS, f"conflict blocks per file: {blocks}"
     resolved(project)
-    imports_every_module(project)
-    train(project, *SMALL, "--epochs", "1", "--run-dir", str(tmp_path / "run"))
+    ours = f"from {PACKAGE}.config import Config; c = Config().optim; assert (c.epochs, c.lr) == "
+    imports_every_module(project, then=ours + "(7, 1e-3), c")  # the user's defaults are kept
+    # A model.py rewritten without build_model_for (as against v0.1.0): one line, exit 2.
+    model = project / SRC / "model.py"
+    model.write_text(model.read_text().split("\ndef build_model_for(")[0])
+    refused = train(project, *SMALL, "--run-dir", str(tmp_path / "refused"), check=False)
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.strip().count("\n") == 0, refused.stderr
+    assert "has no build_model_for(config, info)" in refused.stderr
+    git(project, "checkout", "--", str(model))
     env = {ENV_SRC: str(project / "src")}
     run([*PYTEST, "-m", "not gpu and not slow", "tests/test_config.py"], project, env=env)

@@ -1,4 +1,4 @@
-"""The Upgrade notes' format (docs/updating.md, "How to follow the Upgrade notes") and the
+"""The Upgrade notes' format (docs/updating.md, "Follow the Upgrade notes") and the
 follower that executes it (tests/upgrade_notes.py), on made-up notes and on CHANGELOG.md's.
 
 The kept example (test_update_kept_example.py) follows the real notes on a real update; these
@@ -11,11 +11,12 @@ following them changes nothing.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
 from helpers import ROOT, render
-from test_release import previous_release
+from test_release import load_release_notes, previous_release
 from upgrade_notes import NoteError, Step, bullets, follow, parse_bullet, parse_steps
 
 pytestmark = pytest.mark.update
@@ -56,19 +57,11 @@ def test_a_bullet_that_starts_like_a_step_must_be_one():
     assert steps_of(notes("If you rewrote `data.py`, copy it.", "Image folders are RGB.")) == []
 
 
-CONFLICTED = """\
-a = 1
-<<<<<<< before updating
-x = "ours"
-=======
-x = "theirs"
->>>>>>> after updating
-<<<<<<< before updating
-y = "ours"
-=======
-y = "theirs, with ModelConfig"
->>>>>>> after updating
-"""
+OURS, THEIRS, END = "<" * 7 + " before updating\n", "=" * 7 + "\n", ">" * 7 + " after updating\n"
+CONFLICTED = (  # built, so this file holds no line a conflict check would flag
+    f'a = 1\n{OURS}x = "ours"\n{THEIRS}x = "theirs"\n{END}'
+    f'{OURS}y = "ours"\n{THEIRS}y = "theirs, with ModelConfig"\n{END}'
+)
 
 
 @pytest.mark.parametrize(
@@ -191,9 +184,9 @@ def test_a_move_step_adds_the_skeleton_and_hands_the_body_to_the_user(tmp_path):
     move = f"Move your own metrics from `train.py` into `extras` in `hooks.py`:{block}"
     seen = []
 
-    def user(text: str, step: Step) -> str:
+    def user(project: Path, path: Path, step: Step) -> None:
         seen.append(step.fields["noun"])
-        return text.replace("return {}", 'return {"mine": 1.0}')
+        path.write_text(path.read_text().replace("return {}", 'return {"mine": 1.0}'))
 
     follow(tmp_path, "pkg", "image", steps_of(notes(move)), {("own metrics", "extras"): user})
     assert seen == ["own metrics"]
@@ -215,3 +208,17 @@ def test_following_the_notes_on_a_render_of_the_working_tree_changes_nothing(tmp
     follow(project, "noted", task, resolve_free)
     changed = [str(p.relative_to(project)) for p, data in files.items() if p.read_bytes() != data]
     assert changed == []
+
+
+def test_every_release_section_has_its_version_date_and_upgrade_notes():
+    """Not only the newest (test_release): each `## [X.Y.Z] - date` section carries its own
+    Upgrade notes, so a user several releases behind finds every release's steps; the first
+    release, which nothing updates to, has a date."""
+    release_notes = load_release_notes()
+    versions = [v for v in release_notes.sections(CHANGELOG) if v != "Unreleased"]
+    assert len(versions) >= 2, versions
+    for version in versions[:-1]:
+        assert "### Upgrade notes" in release_notes.release_section(CHANGELOG, version)
+    with pytest.raises(ValueError, match="no '### Upgrade notes'"):
+        release_notes.release_section(CHANGELOG, versions[-1])  # the first: dated, no notes
+    assert next(iter(release_notes.sections(CHANGELOG))) == "Unreleased"

@@ -1,6 +1,6 @@
 """The CHANGELOG's Upgrade notes as steps a machine follows, the way a user reads them.
 
-docs/updating.md ("How to follow the Upgrade notes") gives the format to users; in short, a
+docs/updating.md ("Follow the Upgrade notes") gives the format to users; in short, a
 bullet of an `### Upgrade notes` subsection is a step when it starts with one of these forms
 (after an optional `In an image project, ` or `In a language-model project, `), and prose
 otherwise:
@@ -149,7 +149,7 @@ def parse_bullet(prose: str, code: str, where: str) -> Step | None:
 # Following them
 # --------------------------------------------------------------------------------------------
 
-Mover = Callable[[str, Step], str]  # (the file's text with the skeleton, the step) -> text
+Mover = Callable[[Path, Path, Step], None]  # (project, the file with the skeleton, the step)
 
 
 def follow(
@@ -356,7 +356,7 @@ def move_code(project: Path, step: Step, movers: dict[tuple[str, str], Mover]) -
     skeleton = Step("add", step.bullet, step.where, step.task, {"where": "at the end"}, step.code)
     skeleton.fields["path"] = step.fields["path"]
     add_code(path, skeleton)
-    if not re.search(rf"^\s*def {step.fields['function']}\(", path.read_text(), re.M):
+    if key[1] not in _defined(ast.parse(path.read_text()).body):  # a def, class or name
         raise NoteError(f"{step.where}: its block defines no `{key[1]}`: {step.bullet!r}")
     if key in movers:
-        path.write_text(movers[key](path.read_text(), step))
+        movers[key](project, path, step)
