@@ -8,7 +8,9 @@ reductions do nothing.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,6 +122,24 @@ def cleanup() -> None:
     if dist.is_available() and dist.is_initialized():
         _RETIRED.append(dist.group.WORLD)
         dist.destroy_process_group()
+
+
+def exit_process(code: int) -> None:
+    """End an entry point run as a script with `code`; after a process group, without
+    interpreter finalization.
+
+    The group `cleanup` kept alive is freed at interpreter exit, where gloo's threads may
+    still hold its tensors: a rank can then abort ("terminate called without an active
+    exception", SIGABRT, exit 134) after its run was saved, and its launcher fails the job.
+    Everything is written by then (checkpoints fsynced, metrics and trackers closed), so
+    such a process flushes its output and leaves with `os._exit`, which runs no destructors.
+    """
+    if not _RETIRED:
+        sys.exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 def barrier() -> None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
-import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -356,4 +355,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    distributed.exit_process(main())  # after torchrun's process group, with no finalizing
