@@ -24,15 +24,27 @@ from matrix import (
     package_name,
 )
 
+GROUP_CLASS = re.compile(r"^class (\w+Config)\b[^\n]*\n(.*?)(?=^\S|\Z)", re.M | re.S)
+
 
 def change_defaults(project: Path, defaults: dict[str, str]) -> None:
-    """Set config.py's defaults as a user edits them: `name: type = field(default=VALUE, ...`."""
+    """Set defaults as config.py's docstring tells a user to: as arguments of their group's
+    line in `Config`, `optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))`
+    (the group of each field read from the template's config_base.py)."""
     (config,) = project.glob("src/*/config.py")
-    text = config.read_text()
+    base = config.with_name("config_base.py").read_text()
+    by_group: dict[str, list[str]] = {}
     for name, value in defaults.items():
-        field = rf"(^    {name}: [^=\n]+= field\(\s*default=)[^,\n]+,"
-        text, count = re.subn(field, rf"\g<1>{value},", text, flags=re.M)
-        assert count == 1, f"{config}: the default of {name} is not where a user would edit it"
+        owners = [g for g, body in GROUP_CLASS.findall(base) if f"\n    {name}: " in f"\n{body}"]
+        assert len(owners) == 1, f"{config}: the default of {name} is in no one group: {owners}"
+        by_group.setdefault(owners[0], []).append(f"{name}={value}")
+    text = config.read_text()
+    for group, arguments in by_group.items():
+        line = rf"^(    \w+: {group} = field\()default_factory={group}\)$"
+        exploded = "".join(f"            {argument},\n" for argument in arguments)
+        new = f"\\1\n        default_factory=lambda: {group}(\n{exploded}        )\n    )"
+        text, count = re.subn(line, new, text, flags=re.M)
+        assert count == 1, f"{config}: no `{group}` line in Config where a user changes defaults"
     config.write_text(text)
 
 
