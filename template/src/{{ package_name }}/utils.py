@@ -143,7 +143,10 @@ def seed_worker(worker_id: int) -> None:
     """
     del worker_id  # torch.initial_seed() already differs per worker
     # A signal to the process group is the main process's to handle (it saves and exits).
+    # The worker started with stop signals blocked (SignalSafeLoader): ignored now, one that
+    # arrived meanwhile is discarded when they are unblocked.
     ignore_stop_signals()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     worker_seed = torch.initial_seed() % 2**32
     random.seed(worker_seed)
     try:
@@ -368,7 +371,7 @@ def build_dataloader(
     if num_workers > 0:
         kwargs["persistent_workers"] = persistent_workers
         kwargs["prefetch_factor"] = prefetch_factor
-    return DataLoader(
+    return SignalSafeLoader(
         dataset,
         batch_size=batch_size,
         shuffle=train and sampler is None,
@@ -381,6 +384,25 @@ def build_dataloader(
         collate_fn=collate_fn,
         **kwargs,
     )
+
+
+class SignalSafeLoader(DataLoader[Any]):
+    """A DataLoader whose workers start with the stop signals blocked.
+
+    PyTorch's worker loop installs a SIGTERM handler that kills the worker before
+    `worker_init_fn` (`seed_worker`) can ignore it: a process-group signal in that window, as
+    an evaluation's workers start, killed one and the run exited 1 instead of saving. Blocked
+    across the fork, the signal waits in the new worker until `seed_worker` ignores it.
+    """
+
+    def _get_iterator(self) -> Any:
+        if self.num_workers == 0:
+            return super()._get_iterator()
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            return super()._get_iterator()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def close_workers(*loaders: DataLoader[Any]) -> None:
