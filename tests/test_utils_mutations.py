@@ -112,6 +112,13 @@ MUTATIONS = [
         select="tuner_ranks",
         timed=True,
     ),
+    Mutation(
+        "workers-start-with-stop-signals-open",
+        "    return SignalSafeLoader(\n",
+        "    return DataLoader(\n",
+        "test_utils_data.py",
+        select="stop_signal",
+    ),
     # 4. pin_memory and non_blocking
     Mutation(
         "pin-memory-on-cpu",
