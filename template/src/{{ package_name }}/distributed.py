@@ -124,17 +124,19 @@ def cleanup() -> None:
         dist.destroy_process_group()
 
 
-def exit_process(code: int) -> None:
-    """End an entry point run as a script with `code`; after a process group, without
-    interpreter finalization.
+def exit_process(code: int, *, always: bool = False) -> None:
+    """End an entry point run as a script with `code`; after a process group (or `always`),
+    without interpreter finalization.
 
     The group `cleanup` kept alive is freed at interpreter exit, where gloo's threads may
     still hold its tensors: a rank can then abort ("terminate called without an active
     exception", SIGABRT, exit 134) after its run was saved, and its launcher fails the job.
     Everything is written by then (checkpoints fsynced, metrics and trackers closed), so
     such a process flushes its output and leaves with `os._exit`, which runs no destructors.
+    `torchrun`'s own threads can abort its finalization the same way after a signal: the
+    launcher passes `always`.
     """
-    if not _RETIRED:
+    if not (_RETIRED or always):
         sys.exit(code)
     sys.stdout.flush()
     sys.stderr.flush()

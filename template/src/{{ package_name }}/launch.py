@@ -11,11 +11,12 @@ and 128 + N; everything else (a rank that failed, a bad argument) ends as torchr
 
 from __future__ import annotations
 
-import os
 import sys
 
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.run import main as torchrun
+
+from . import distributed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,9 +34,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # torchrun's own threads can abort interpreter finalization after a signal (SIGABRT,
+    # torchrun's threads can abort interpreter finalization after a signal (SIGABRT,
     # "terminate called without an active exception"): the job is over, leave without it.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    distributed.exit_process(main(), always=True)
