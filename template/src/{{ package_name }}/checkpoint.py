@@ -75,9 +75,22 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
     except BaseException as error:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
-        if isinstance(error, OSError):
-            raise SaveError(_save_failure(path, error)) from None
+        failed = write_failure(error)
+        if failed is not None:
+            raise SaveError(_save_failure(path, failed)) from None
         raise
+
+
+def write_failure(error: BaseException) -> OSError | None:
+    """The OSError behind `error`, if a failed write caused it: torch.save's zip writer turns
+    a write that fails (a full disk, a file-size limit) into a RuntimeError whose context is
+    the OSError."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 class RenameError(OSError):

@@ -25,10 +25,12 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -40,7 +42,7 @@ from . import distributed, sharded_checkpoint
 from .checkpoint import CheckpointError, Interrupted, SaveError
 from .config import ConfigError
 from .data import DataError
-from .utils import NonFiniteLossError
+from .utils import STOP_SIGNALS, NonFiniteLossError
 
 try:
     import fcntl
@@ -50,7 +52,7 @@ except ImportError:  # pragma: no cover - Windows: no flock, the run dir is not 
 LOCK_NAME = ".lock"
 EXIT_IO_ERROR = 74  # EX_IOERR from sysexits.h: a checkpoint could not be written
 # Errors of a disk that refuses writes: one line and EXIT_IO_ERROR, not a traceback.
-WRITE_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EIO)
+WRITE_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EISDIR)
 
 
 class RunDirError(RuntimeError):
@@ -262,15 +264,46 @@ def one_line(error: BaseException) -> str:
     return last.split(marker, 1)[1] if len(lines) > 1 and marker in last else lines[0]
 
 
-def exit_code(run: Callable[[], object]) -> int:
+class Stopped(BaseException):
+    """A stop signal outside training's own handling (start-up, evaluation, `tune`)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def stop_signals_raise() -> Iterator[None]:
+    """While inside, a stop signal that nothing else handles raises `Stopped` (SIGINT too,
+    in place of KeyboardInterrupt); training's own handler (`StopSignal`) takes over while
+    it runs and gives this one back after."""
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in STOP_SIGNALS:
+            if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
+                previous[signum] = signal.signal(signum, _raise_stopped)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def exit_code(run: Callable[[], object], *, kept: str = "checkpoints are as last saved") -> int:
     """Call `run` and turn the known ways it can end into one line on stderr and an exit code.
 
-    0 done; 1 the training blew up (nothing non-finite was saved); 2 bad input: flags, data,
-    a checkpoint, or a run dir in use or holding another run; 74 a checkpoint (or the metrics
-    file) could not be written; 128+N stopped by signal N after saving.
+    0 done (or `run`'s own int); 1 the training blew up (nothing non-finite was saved); 2 bad
+    input: flags, data, a checkpoint, or a run dir in use or holding another run; 74 a
+    checkpoint (or the metrics file, or an output: `kept` says what survives) could not be
+    written; 128+N stopped by signal N (after saving, in training).
     """
     try:
-        run()
+        with stop_signals_raise():
+            result = run()
     except (ConfigError, DataError, CheckpointError, RunDirError) as error:
         safe_print(f"error: {one_line(error)}", file=sys.stderr)
         return 2
@@ -280,15 +313,23 @@ def exit_code(run: Callable[[], object]) -> int:
     except Interrupted as stopped:
         safe_print(stopped, file=sys.stderr)
         return stopped.exit_code
+    except (Stopped, KeyboardInterrupt) as stopped:
+        signum = stopped.signum if isinstance(stopped, Stopped) else signal.SIGINT
+        safe_print(
+            f"stopped by {signal.Signals(signum).name}; {kept} (files are written whole, "
+            "then renamed: none is left half-written)",
+            file=sys.stderr,
+        )
+        return 128 + signum
     except OSError as error:  # SaveError, or a full or read-only disk under metrics.jsonl
         if not isinstance(error, SaveError) and error.errno not in WRITE_ERRNOS:
             raise
-        cause = error if isinstance(error, SaveError) else f"{error}; checkpoints are as last saved"
+        cause = error if isinstance(error, SaveError) else f"{error}; {kept}"
         safe_print(f"error: {cause}", file=sys.stderr)
         return EXIT_IO_ERROR
     finally:
         quiet_closed_stdout()
-    return 0
+    return result if type(result) is int else 0
 
 
 def safe_print(*args: Any, **kwargs: Any) -> None:

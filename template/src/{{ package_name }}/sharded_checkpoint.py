@@ -192,7 +192,9 @@ def _together(run: Any, path: Path, device: torch.device, note: str = "") -> Non
     failure: BaseException | None = None
     try:
         run()
-    except (OSError, CheckpointException) as error:
+    except (OSError, CheckpointException, RuntimeError) as error:
+        if isinstance(error, RuntimeError) and checkpoint.write_failure(error) is None:
+            raise  # not a write that failed (torch.save's zip writer wraps those)
         failure = error
     flag = torch.tensor(float(failure is not None), device=device)
     if distributed.all_reduce(flag, op="max").item():  # every rank learns every verdict
@@ -205,8 +207,9 @@ def _together(run: Any, path: Path, device: torch.device, note: str = "") -> Non
 
 def _first_line(error: BaseException) -> str:
     """DCP gathers the failures of all ranks into one long message: the first cause."""
-    if isinstance(error, OSError) and error.strerror:
-        return error.strerror
+    written = checkpoint.write_failure(error)
+    if written is not None and written.strerror:
+        return written.strerror
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     for line in lines:
         if "Error:" in line and "CheckpointException" not in line:

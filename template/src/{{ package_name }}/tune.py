@@ -35,8 +35,9 @@ from typing import Any
 
 import torch
 
-from . import utils
+from . import rundir, utils
 from .benchmarks.timing import compare_rounds
+from .checkpoint import Interrupted
 from .config import Config, ConfigError, build_parser, parse_config, to_toml
 from .task import task_for
 
@@ -72,7 +73,10 @@ def time_steps(config: Config, steps: int, warmup: int) -> list[float]:
             tracker="none",  # the step alone: a tracker's I/O is not what is measured
         )
         with contextlib.suppress(_TrialDone), contextlib.redirect_stdout(io.StringIO()):
-            train(trial, on_step=on_step)
+            try:
+                train(trial, on_step=on_step)
+            except Interrupted as stopped:  # its checkpoint is in this temporary folder
+                raise rundir.Stopped(stopped.signum) from None
     intervals = [b - a for a, b in itertools.pairwise(stamps)]
     return intervals[warmup - 1 :] if warmup > 0 else intervals
 
@@ -300,6 +304,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`tune`; a stop signal or a known failure is one line and its exit code."""
+    return rundir.exit_code(lambda: _tune(argv), kept="--out is written only when tune finishes")
+
+
+def _tune(argv: list[str] | None) -> int:
     parser = build_parser("Measure settings on this machine and write the fastest to a TOML file.")
     add_arguments(parser)
     config, args = parse_config(argv, parser=parser)
