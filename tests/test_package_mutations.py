@@ -115,11 +115,12 @@ MUTATIONS = [
         "torch.save(state, file)\n", "torch.save(state, path)\n            return\n",
         "test_checkpoint.py", "temporary_file or failed_save"),
     bug("failed-save-leaves-its-temporary-file", "checkpoint.py",
-        "Path(tmp).unlink(missing_ok=True)\n        if isinstance(error, OSError):\n"
-        "            raise SaveError(_save_failure(path, error))",
-        "pass\n        if isinstance(error, OSError):\n"
-        "            raise SaveError(_save_failure(path, error))",
+        "Path(tmp).unlink(missing_ok=True)\n        failed = write_failure(error)",
+        "pass\n        failed = write_failure(error)",
         "test_checkpoint.py", "failed_save"),
+    bug("a-write-failure-wrapped-by-torch-save-is-not-a-save-error", "checkpoint.py",
+        "failed = write_failure(error)", "failed = error if isinstance(error, OSError) else None",
+        "test_checkpoint.py", "inside_torch_save"),
     bug("load-runs-pickled-code", "checkpoint.py",
         "location, weights_only=True", "location, weights_only=False",
         "test_checkpoint.py", "pickled"),
@@ -137,6 +138,9 @@ MUTATIONS = [
         "(*model.named_parameters(), *model.named_buffers())", "(*model.named_parameters(),)",
         "test_faults.py", "poisoned_tensor_at_the_end"),
     # ---- rundir.py: one run per run dir, leftovers cleaned -------------------------------------
+    bug("a-signal-outside-training-exits-1", "rundir.py",
+        "        return 128 + signum\n", "        return 1\n",
+        "test_checkpoint.py", "outside_training"),
     bug("run-dir-not-locked", "rundir.py",
         "fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)", "pass",
         "test_faults.py", "in_use"),
