@@ -136,6 +136,9 @@ MUTATIONS = [
     bug("buffers-not-checked-before-a-save", "checkpoint.py",
         "(*model.named_parameters(), *model.named_buffers())", "(*model.named_parameters(),)",
         "test_faults.py", "poisoned_tensor_at_the_end"),
+    bug("checkpoint-nan-weights-read", "checkpoint.py",
+        "    bad = _first_nonfinite(list(weights.items()))\n", "    bad = None\n",
+        "test_inference.py", "crafted"),
     # ---- rundir.py: one run per run dir, leftovers cleaned -------------------------------------
     bug("run-dir-not-locked", "rundir.py",
         "fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)", "pass",
