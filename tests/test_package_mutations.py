@@ -137,6 +137,9 @@ MUTATIONS = [
     bug("buffers-not-checked-before-a-save", "checkpoint.py",
         "(*model.named_parameters(), *model.named_buffers())", "(*model.named_parameters(),)",
         "test_faults.py", "poisoned_tensor_at_the_end"),
+    bug("checkpoint-nan-weights-read", "checkpoint.py",
+        "    bad = _first_nonfinite(list(weights.items()))\n", "    bad = None\n",
+        "test_inference.py", "crafted"),
     # ---- rundir.py: one run per run dir, leftovers cleaned -------------------------------------
     bug("a-signal-outside-training-exits-1", "rundir.py",
         "        return 128 + signum\n", "        return 1\n",

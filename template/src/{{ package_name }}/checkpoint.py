@@ -8,6 +8,7 @@ into a plain `build_model(...)` for inference.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import shutil
@@ -162,16 +163,76 @@ def first_nonfinite(model: torch.nn.Module) -> str | None:
     tensors = [
         (name, tensor.to_local() if hasattr(tensor, "to_local") else tensor)
         for name, tensor in (*model.named_parameters(), *model.named_buffers())
-        if tensor.is_floating_point() or tensor.is_complex()
     ]
+    return _first_nonfinite(tensors)
+
+
+def _first_nonfinite(tensors: list[tuple[str, torch.Tensor]]) -> str | None:
+    """The name of the first floating tensor holding a NaN or Inf (one sync for all)."""
+    tensors = [(n, t) for n, t in tensors if t.is_floating_point() or t.is_complex()]
     if not tensors:
         return None
     finite = torch.stack([torch.isfinite(t.detach()).all() for _, t in tensors]).tolist()
     return next((name for (name, _), ok in zip(tensors, finite, strict=True) if not ok), None)
 
 
-def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
-    """Read a checkpoint with `weights_only=True`; anything wrong raises CheckpointError."""
+def check_weights(weights: Any, path: Path) -> None:
+    """Refuse a model that is not a table of named tensors, or holds a NaN or Inf (training's
+    health check never saves one: the file is corrupt or crafted)."""
+    if not isinstance(weights, dict) or not all(
+        isinstance(name, str) and isinstance(value, torch.Tensor) for name, value in weights.items()
+    ):
+        raise CheckpointError(f"checkpoint {path}: 'model' must be a table of named tensors")
+    bad = _first_nonfinite(list(weights.items()))
+    if bad is not None:
+        raise CheckpointError(
+            f"checkpoint {path} holds non-finite weights ({bad}), which training never saves: "
+            "the file is corrupt or was altered; use another checkpoint"
+        )
+
+
+def read_model(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
+    """A checkpoint file for inference (evaluate, predict, export, generate, compress) with
+    finite weights, a config table and this format, else CheckpointError naming the file."""
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as error:  # corrupt, truncated, or pickled code: one answer
+        problem = _load_failure(error)
+        raise CheckpointError(f"checkpoint {path} cannot be read ({problem})") from None
+    if not isinstance(state, dict) or not {"model", "config"} <= state.keys():
+        raise CheckpointError(f"checkpoint {path} holds no 'model' and 'config'")
+    check_format(state, path)
+    if not isinstance(state["config"], dict):
+        raise CheckpointError(f"checkpoint {path}: its 'config' is not a table of settings")
+    check_weights(state["model"], path)
+    return state
+
+
+def check_format(state: dict[str, Any], path: Path) -> None:
+    """Refuse a checkpoint of another format (written by a newer version of this code)."""
+    found = state.get("format", FORMAT_VERSION)  # absent: a hand-made weights-and-config file
+    if found != FORMAT_VERSION:
+        raise CheckpointError(
+            f"checkpoint {path} has format {found!r}, this code reads format {FORMAT_VERSION} "
+            "(a newer version of the project wrote it?); update the code or use another file"
+        )
+
+
+def checked_config(config: Any, path: Path) -> Any:
+    """`config`, rebuilt from checkpoint `path`, validated as train validates flags (ranges,
+    the memory bound) before a model is built from it; the compile backend does not matter."""
+    try:
+        config.replace(compile="off", compile_backend="inductor").validate()
+    except ValueError as error:
+        raise CheckpointError(f"checkpoint {path} holds an invalid config: {error}") from None
+    return config
+
+
+def load_checkpoint(
+    path: Path, map_location: torch.device | str = "cpu", epoch_samples: int | None = None
+) -> dict[str, Any]:
+    """Read a checkpoint with `weights_only=True`; anything wrong raises CheckpointError.
+    `epoch_samples` (a resumed run's samples per epoch) bounds `samples_in_epoch`."""
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
@@ -186,14 +247,14 @@ def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dic
             f"checkpoint {path} lacks training state (expected keys "
             f"{', '.join(REQUIRED_KEYS)}); was it saved by another program?"
         )
-    if state["format"] != FORMAT_VERSION:
-        raise CheckpointError(
-            f"checkpoint {path} has format {state['format']}, this code "
-            f"reads format {FORMAT_VERSION}"
-        )
+    check_format(state, path)
     problem = _malformed(state)
+    done: int = state["samples_in_epoch"]
+    if not problem and epoch_samples is not None and done > epoch_samples:
+        problem = f"'samples_in_epoch' {done} exceeds the {epoch_samples} samples of an epoch"
     if problem:
-        raise CheckpointError(f"checkpoint {path} is malformed: {problem}; it cannot be resumed")
+        raise CheckpointError(f"checkpoint {path} is malformed: {problem}; it cannot be used")
+    check_weights(state["model"], path)
     return state
 
 
@@ -207,8 +268,8 @@ def _malformed(state: dict[str, Any]) -> str | None:
         if not isinstance(state[key], dict):
             return f"'{key}' must be a dict, got {type(state[key]).__name__}"
     best = state.get("best_val_acc", -1.0)
-    if not isinstance(best, (int, float)) or isinstance(best, bool):
-        return f"'best_val_acc' must be a number, got {best!r}"
+    if not isinstance(best, (int, float)) or isinstance(best, bool) or not math.isfinite(best):
+        return f"'best_val_acc' must be a finite number, got {best!r}"
     for key in ("epoch_totals", "metrics"):
         if not isinstance(state.get(key, {}), dict):
             return f"'{key}' must be a dict"
@@ -246,6 +307,7 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
         markers = {folder / "last.pt": folder / "last.pt"}
         markers[folder / "last.dcp"] = folder / "last.dcp" / "train_state.pt"
         present = {path: marker for path, marker in markers.items() if marker.is_file()}
+        refuse_unreadable_last(folder / "last.pt")
         if not present:
             refuse_best_without_last(folder)
             return None
@@ -256,6 +318,21 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
             f"--resume {path}: no such checkpoint file (or sharded checkpoint folder)"
         )
     return path
+
+
+def refuse_unreadable_last(last: Path) -> None:
+    """`--resume auto` must not start over (replacing it) when last.pt is a link to a missing
+    file (checkpoints on an unmounted volume) or a folder."""
+    if last.is_symlink() and not last.exists():
+        raise CheckpointError(
+            f"--resume auto: {last} is a link to {os.readlink(last)}, which does not exist "
+            "(an unmounted volume?); mount it, or remove the link to start over"
+        )
+    if last.exists() and not last.is_file():
+        raise CheckpointError(
+            f"--resume auto: {last} is not a file (a folder?); move it away to start over, "
+            "or pass --resume with a checkpoint file"
+        )
 
 
 def refuse_best_without_last(folder: Path) -> None:

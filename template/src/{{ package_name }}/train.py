@@ -296,7 +296,7 @@ def resume(run: Run) -> bool:
     if resume_path is None:
         return False
     state = checkpoint.load_checkpoint(
-        sharded_checkpoint.state_file(resume_path), map_location=device
+        sharded_checkpoint.state_file(resume_path), device, run.sampler.total_size
     )
     checkpoint.check_compatible(state, config.flat(), resume_path)
     run.task.check_resume(state, config, resume_path, run.log)  # the LM's corpus
