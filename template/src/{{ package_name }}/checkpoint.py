@@ -12,15 +12,14 @@ import math
 import os
 import random
 import shutil
-import signal
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .utils import STOP_SIGNALS
+from .stopping import Interrupted as Interrupted  # re-exported: imported from here before
+from .stopping import StopSignal as StopSignal
 
 FORMAT_VERSION = 1
 REQUIRED_KEYS = (
@@ -194,11 +193,7 @@ def check_weights(weights: Any, path: Path) -> None:
 def read_model(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
     """A checkpoint file for inference (evaluate, predict, export, generate, compress) with
     finite weights, a config table and this format, else CheckpointError naming the file."""
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as error:  # corrupt, truncated, or pickled code: one answer
-        problem = _load_failure(error)
-        raise CheckpointError(f"checkpoint {path} cannot be read ({problem})") from None
+    state = _torch_load(path, map_location, "cannot be read ({})")
     if not isinstance(state, dict) or not {"model", "config"} <= state.keys():
         raise CheckpointError(f"checkpoint {path} holds no 'model' and 'config'")
     check_format(state, path)
@@ -206,6 +201,16 @@ def read_model(path: Path, map_location: torch.device | str = "cpu") -> dict[str
         raise CheckpointError(f"checkpoint {path}: its 'config' is not a table of settings")
     check_weights(state["model"], path)
     return state
+
+
+def _torch_load(path: Path, map_location: torch.device | str, problem: str) -> Any:
+    """`torch.load` with `weights_only=True`; a corrupt, truncated or pickled-code file is
+    CheckpointError: "checkpoint <path> " + `problem` with the reason in its `{}`."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as error:  # corrupt zip, truncated file, foreign pickle: all one answer
+        reason = _load_failure(error)
+        raise CheckpointError(f"checkpoint {path} " + problem.format(reason)) from None
 
 
 def check_format(state: dict[str, Any], path: Path) -> None:
@@ -235,13 +240,12 @@ def load_checkpoint(
     `epoch_samples` (a resumed run's samples per epoch) bounds `samples_in_epoch`."""
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as error:  # corrupt zip, truncated file, foreign pickle: all one answer
-        raise CheckpointError(
-            f"checkpoint {path} is corrupt or not a checkpoint of this project "
-            f"({_load_failure(error)}); delete it to start over or pass --resume with another file"
-        ) from None
+    state = _torch_load(
+        path,
+        map_location,
+        "is corrupt or not a checkpoint of this project ({}); delete it to start over or pass "
+        "--resume with another file",
+    )
     if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
         raise CheckpointError(
             f"checkpoint {path} lacks training state (expected keys "
@@ -470,55 +474,3 @@ def _restore_rng_state(state: dict[str, Any], device: torch.device) -> None:
             np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
-
-
-# --------------------------------------------------------------------------------------------
-# Preemption: SIGTERM / SIGINT become "save at the next step boundary and stop"
-# --------------------------------------------------------------------------------------------
-
-
-class Interrupted(Exception):
-    """Training stopped on a signal after saving a checkpoint; `--resume auto` continues."""
-
-    def __init__(self, signum: int, step: int, path: Path | None):
-        name = signal.Signals(signum).name
-        saved = f"checkpoint saved to {path}" if path is not None else "rank 0 saved the checkpoint"
-        super().__init__(
-            f"stopped by {name} at step {step}; {saved}; continue with "
-            "--resume auto and the same --run-dir"
-        )
-        self.signum = signum
-        self.exit_code = 128 + signum  # the shell's convention for "ended by a signal"
-
-
-class StopSignal:
-    """Context manager: the first stop signal sets `signum`; the loop checks it per step.
-
-    Cluster schedulers send SIGTERM (or the signal asked for with `--signal`) some time before
-    they kill a job, often to the whole process group, and torchrun forwards it as well, so a
-    rank commonly gets it twice. Saving from inside the handler could catch the loop half-way
-    through an optimizer step; a flag read at the step boundary saves a consistent state
-    instead. Later signals are ignored, so none can abort the save; `kill -9` still ends the
-    run at once, and the last completed checkpoint survives it.
-    """
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> StopSignal:
-        # signal.signal only works in the main thread (e.g. not when a benchmark runs train()
-        # in a thread); there the run simply cannot be stopped this way.
-        if threading.current_thread() is threading.main_thread():
-            for signum in STOP_SIGNALS:
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous.clear()
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self.signum is None:
-            self.signum = signum

@@ -29,8 +29,7 @@ import signal
 import socket
 import sys
 import tempfile
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -39,10 +38,11 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from . import distributed, sharded_checkpoint
-from .checkpoint import CheckpointError, Interrupted, SaveError
+from .checkpoint import CheckpointError, SaveError
 from .config import ConfigError
 from .data import DataError
-from .utils import STOP_SIGNALS, NonFiniteLossError
+from .stopping import Interrupted, Stopped, stop_signals_raise
+from .utils import NonFiniteLossError
 
 try:
     import fcntl
@@ -262,35 +262,6 @@ def one_line(error: BaseException) -> str:
     marker = f"{type(error).__name__}: "
     last = lines[-1]
     return last.split(marker, 1)[1] if len(lines) > 1 and marker in last else lines[0]
-
-
-class Stopped(BaseException):
-    """A stop signal outside training's own handling (start-up, evaluation, `tune`)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _raise_stopped(signum: int, frame: object) -> None:
-    raise Stopped(signum)
-
-
-@contextlib.contextmanager
-def stop_signals_raise() -> Iterator[None]:
-    """While inside, a stop signal that nothing else handles raises `Stopped` (SIGINT too,
-    in place of KeyboardInterrupt); training's own handler (`StopSignal`) takes over while
-    it runs and gives this one back after."""
-    previous: dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-        for signum in STOP_SIGNALS:
-            if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
-                previous[signum] = signal.signal(signum, _raise_stopped)
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def exit_code(run: Callable[[], object], *, kept: str = "checkpoints are as last saved") -> int:

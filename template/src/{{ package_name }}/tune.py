@@ -37,8 +37,8 @@ import torch
 
 from . import rundir, utils
 from .benchmarks.timing import compare_rounds
-from .checkpoint import Interrupted
 from .config import Config, ConfigError, build_parser, parse_config, to_toml
+from .stopping import Interrupted, Stopped
 from .task import task_for
 
 # The settings tune chooses: what `tuned.toml` holds.
@@ -76,7 +76,7 @@ def time_steps(config: Config, steps: int, warmup: int) -> list[float]:
             try:
                 train(trial, on_step=on_step)
             except Interrupted as stopped:  # its checkpoint is in this temporary folder
-                raise rundir.Stopped(stopped.signum) from None
+                raise Stopped(stopped.signum) from None
     intervals = [b - a for a, b in itertools.pairwise(stamps)]
     return intervals[warmup - 1 :] if warmup > 0 else intervals
 
