@@ -38,7 +38,7 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset, DistributedSampler, Subset, TensorDataset
 
 from .config_base import BaseConfig
-from .images import class_mismatch, find_splits
+from .images import class_mismatch, find_splits, hidden
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
 MAX_CLASSES = 10**6  # a data.pt claiming more is corrupt (the classifier would not fit)
@@ -109,13 +109,14 @@ class ImageFolder(Dataset[tuple[torch.Tensor, int]]):
     def __init__(self, root: Path, image_size: int):
         self.root = root
         self.image_size = image_size
-        self.classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+        # Hidden entries (.ipynb_checkpoints/, macOS ._x.png files) are not classes or images.
+        self.classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not hidden(p))
         self.samples: list[tuple[Path, int]] = []
         for label, name in enumerate(self.classes):
             files = sorted(
                 p
                 for p in (root / name).iterdir()
-                if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
+                if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not hidden(p)
             )
             self.samples.extend((path, label) for path in files)
 

@@ -55,6 +55,19 @@ def find_splits(root: Path) -> dict[str, Path] | None:
     return None
 
 
+def hidden(path: Path) -> bool:
+    """A dot-name (.ipynb_checkpoints/, .DS_Store, macOS's ._x.png): never a class or image."""
+    return path.name.startswith(".")
+
+
+def stray_folders(root: Path) -> list[str]:
+    """Folders of a pre-split root that are not a split (a class folder left next to train/),
+    which are ignored: the caller says so."""
+    return sorted(
+        p.name for p in root.iterdir() if p.is_dir() and p.name not in SPLITS and not hidden(p)
+    )
+
+
 def class_mismatch(classes: dict[str, list[str]]) -> str | None:
     """The first difference between the class folders of the splits, in words, or None."""
     train = set(classes["train"])
@@ -238,9 +251,11 @@ def prepare(
         root = Path(config.data.data_dir)
         splits = find_splits(root)
         if splits is not None:
+            stray = stray_folders(root)  # e.g. a class folder left next to train/
             say(
                 f"--data-dir {root} is split ({', '.join(splits)}): validation is val/, "
                 "--val-fraction is ignored"
+                + (f"; ignored folder(s): {', '.join(stray)}" if stray else "")
             )
         measured = splits["train"] if splits else root
         detail = "train" if splits else f"val_fraction={config.data.val_fraction}"

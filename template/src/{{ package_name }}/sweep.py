@@ -53,6 +53,8 @@ from .train import train
 
 # val_bpb (validation bits per byte) is reported by the language model only.
 DIRECTIONS: dict[str, Any] = {"val_acc": "maximize", "val_loss": "minimize", "val_bpb": "minimize"}
+# Config fields every trial gets from the sweep: a value in [fixed] or [space] would be ignored.
+PER_TRIAL = frozenset({"run_dir", "resume"})
 
 
 @dataclasses.dataclass
@@ -106,6 +108,12 @@ def load_spec(path: Path, overrides: dict[str, Any]) -> Spec:
     for key in [*spec.fixed, *spec.space]:
         if key.replace("-", "_") not in fields:
             raise ValueError(f"search space {path}: {key!r} is not a Config field")
+    owned = sorted(k for k in [*spec.fixed, *spec.space] if k.replace("-", "_") in PER_TRIAL)
+    if owned:
+        raise ValueError(
+            f"search space {path}: {', '.join(owned)} cannot be set: the sweep sets "
+            f"{' and '.join(sorted(PER_TRIAL))} per trial (use --out for where trials go)"
+        )
     for key, domain in spec.space.items():
         _check_domain(key, domain)
     base = {k.replace("-", "_"): v for k, v in spec.fixed.items()}
@@ -133,20 +141,30 @@ def _check_settings(spec: Spec, path: Path) -> None:
 
 
 def _check_domain(key: str, domain: Any) -> None:
+    """A list of choices, or a range Optuna accepts: checked here, not in every trial."""
     if isinstance(domain, list) and domain:
         return
     keys = {"low", "high", "log", "step"}
     ranged = isinstance(domain, dict) and {"low", "high"} <= domain.keys() <= keys
     numbers = ranged and all(
         isinstance(domain[end], int | float) and not isinstance(domain[end], bool)
-        for end in ("low", "high")
+        for end in domain.keys() - {"log"}
     )
-    if numbers and domain["low"] < domain["high"]:
-        return
-    raise ValueError(
-        f"space.{key} must be a non-empty list of choices or a table of low and high with "
-        f"low < high (optional log = true, step = ...), got {domain!r}"
-    )
+    if not numbers or domain["low"] >= domain["high"]:
+        raise ValueError(
+            f"space.{key} must be a non-empty list of choices or a table of low and high with "
+            f"low < high (optional log = true, step = ...), got {domain!r}"
+        )
+    log, step = domain.get("log", False), domain.get("step")
+    if not isinstance(log, bool):
+        raise ValueError(f"space.{key}: log must be true or false, got {log!r}")
+    if step is not None and step <= 0:
+        raise ValueError(f"space.{key}: step must be > 0, got {step!r}")
+    if log and domain["low"] <= 0:
+        raise ValueError(f"space.{key}: log = true needs low > 0, got low = {domain['low']!r}")
+    integers = isinstance(domain["low"], int) and isinstance(domain["high"], int)
+    if log and step is not None and not (integers and step == 1 and isinstance(step, int)):
+        raise ValueError(f"space.{key}: log = true and step = {step!r} cannot be combined")
 
 
 def suggest(trial: Any, key: str, domain: Any) -> Any:

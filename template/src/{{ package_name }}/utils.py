@@ -757,9 +757,14 @@ def resolve_device(name: str = "auto") -> torch.device:
         return torch.device("cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was requested but no CUDA device is visible")
+        raise ValueError(f"--device {name} was requested but no CUDA device is visible")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ValueError(
+            f"--device {name} was requested but {torch.cuda.device_count()} CUDA device(s) "
+            f"are visible (cuda:0 to cuda:{torch.cuda.device_count() - 1})"
+        )
     if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("--device mps was requested but MPS is not available")
+        raise ValueError(f"--device {name} was requested but MPS is not available")
     available = getattr(getattr(torch, device.type, None), "is_available", None)  # torch.xpu
     if device.type not in ("cpu", "cuda", "mps") and not (available and available()):
         raise ValueError(f"--device {name} was requested but this PyTorch build cannot use it")
