@@ -8,19 +8,20 @@ by parameter number, as `optimizer.state_dict()` gives it) and the training stat
 `torch.load(..., weights_only=True)` (see checkpoint.py). Use it for inference and sampling,
 to share weights, or to resume with `--resume model.pt --parallel ddp`. It runs in one process
 and needs the memory of the full model and optimizer: it is meant for models that fit one
-machine's memory. Exit codes: 0 written, 2 the folder is not a sharded checkpoint (or the
-output path is not writable), 74 the file could not be written (disk full).
+machine's memory. It never replaces a file. Exit codes: 0 written, 2 the folder is not a
+sharded checkpoint (or the output exists or is not writable), 74 the file could not be
+written (disk full).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from . import checkpoint, rundir, sharded_checkpoint
@@ -40,7 +41,11 @@ def convert(source: Path, target: Path) -> dict[str, Any]:
         try:  # DCP's own reader, in one process: every shard into full tensors
             with sharded_checkpoint.quiet_single_process():
                 dcp_to_torch_save(source, whole)
-        except Exception as error:  # a truncated or foreign folder: one line, exit 2
+        except (Exception, CheckpointException) as error:  # a truncated or foreign folder
+            written = checkpoint.write_failure(error)
+            if written is not None and written.errno in rundir.WRITE_ERRNOS:  # a full disk
+                cause = written.strerror
+                raise checkpoint.SaveError(f"could not write {target}: {cause}") from None
             first = (str(error).strip().splitlines() or [type(error).__name__])[0]
             raise CheckpointError(f"{source} could not be read ({first})") from None
         shards = torch.load(whole, map_location="cpu", weights_only=True)
@@ -66,8 +71,7 @@ def numbered(optimizer_state: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        allow_abbrev=False,
+    parser = rundir.Parser(
         prog=f"python -m {__package__}.checkpoint_convert",
         description="Write a sharded (--parallel fsdp) checkpoint folder as one file that "
         "torch.load(..., weights_only=True) reads.",
@@ -79,6 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     def run() -> None:
         if not args.target.parent.is_dir():
             raise CheckpointError(f"{args.target.parent} does not exist; create it first")
+        if args.target.is_dir():
+            raise CheckpointError(f"{args.target} is a folder; name the file to write")
+        if args.target.exists() or args.target.is_symlink():
+            raise CheckpointError(
+                f"{args.target} already exists and is kept; delete it or name another file"
+            )
         state = convert(args.source, args.target)
         rundir.safe_print(
             f"wrote {args.target}: step {state['step']}, "

@@ -21,7 +21,6 @@ memory, no compute, no effect on the real model's weights, buffers or gradients.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
@@ -35,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import utils
+from . import rundir, utils
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 # A start-up probe below this share of the cached peak means a busy machine: warn.
@@ -352,7 +351,7 @@ class Utilization:
 
 def main(argv: list[str] | None = None) -> int:
     """Print this machine's measured peak (the cached one, or `--refresh` to measure again)."""
-    parser = argparse.ArgumentParser(prog="mfu", description=main.__doc__)
+    parser = rundir.Parser(prog="mfu", description=main.__doc__)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS)
     parser.add_argument("--refresh", action="store_true", help="measure again, ignore the cache")

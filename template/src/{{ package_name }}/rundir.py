@@ -19,6 +19,7 @@ a crash are not recorded twice.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import json
@@ -31,7 +32,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -262,6 +263,18 @@ def one_line(error: BaseException) -> str:
     marker = f"{type(error).__name__}: "
     last = lines[-1]
     return last.split(marker, 1)[1] if len(lines) > 1 and marker in last else lines[0]
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse for every entry point: no abbreviated flags (`--batch-siz` would change
+    meaning the day a second flag shares the prefix) and a bad flag is one line, exit 2."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (--help lists the flags)\n")
 
 
 def exit_code(run: Callable[[], object], *, kept: str = "checkpoints are as last saved") -> int:

@@ -29,7 +29,6 @@ command to resume it).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import math
@@ -44,6 +43,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the backport the project depends on there
     import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
 
+from . import rundir
 from .checkpoint import CheckpointError, Interrupted, resolve_resume
 from .config import Config, ConfigError, load_toml, to_toml
 from .config_parsing import leaf_fields
@@ -358,7 +358,7 @@ def plot(study: Any, path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    parser = rundir.Parser(description=__doc__.split("\n")[0])
     parser.add_argument("--space", type=Path, default=Path("sweep.toml"), help="search space TOML")
     parser.add_argument("--study", help="study name (default: [sweep] study)")
     parser.add_argument("--storage", help="Optuna storage URL (default: sqlite in --out)")
