@@ -30,6 +30,7 @@ command to resume it).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import sys
@@ -38,15 +39,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-try:
-    import tomllib  # type: ignore[import-not-found,unused-ignore]
-except ModuleNotFoundError:  # Python 3.10: the backport the project depends on there
-    import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
-
 from . import rundir
 from .checkpoint import CheckpointError, Interrupted, resolve_resume
 from .config import Config, ConfigError, load_toml, to_toml
-from .config_parsing import leaf_fields
+from .config_parsing import leaf_fields, read_toml
 from .data import DataError
 from .task import task_for
 from .train import train
@@ -72,16 +68,13 @@ class Spec:
 
 def load_spec(path: Path, overrides: dict[str, Any]) -> Spec:
     """Read and check a search-space file; every problem is one ValueError line."""
-    if not path.is_file():
-        raise ValueError(f"search space {path} does not exist")
-    try:
-        with path.open("rb") as file:
-            data = tomllib.load(file)
-    except tomllib.TOMLDecodeError as error:
-        raise ValueError(f"search space {path} is not valid TOML: {error}") from None
+    data = read_toml(path, "search space")
     unknown = set(data) - {"sweep", "fixed", "space"}
     if unknown:
         raise ValueError(f"search space {path}: unknown table(s) {sorted(unknown)}")
+    for table, value in data.items():
+        if not isinstance(value, dict):
+            raise ValueError(f"search space {path}: [{table}] must be a table, got {value!r}")
     names = {f.name for f in dataclasses.fields(Spec)} - {"fixed", "space"}
     settings = {k.replace("-", "_"): v for k, v in data.get("sweep", {}).items()}
     if set(settings) - names:
@@ -136,8 +129,15 @@ def _check_settings(spec: Spec, path: Path) -> None:
                 f"search space {path}: {name} must be {'an integer' if kind is int else 'text'}"
                 f", got {value!r}"
             )
-    if Path(spec.out).exists() and not Path(spec.out).is_dir():
-        raise ValueError(f"--out {spec.out} is a file; name a folder for the sweep's results")
+    if spec.storage is not None and not isinstance(spec.storage, str):
+        raise ValueError(f"search space {path}: storage must be a URL, got {spec.storage!r}")
+    if not spec.out.strip():
+        raise ValueError("--out is empty; name a folder for the sweep's results")
+    out = Path(spec.out)
+    existing = next(folder for folder in (out, *out.parents) if folder.exists())
+    if not existing.is_dir():
+        where = "" if existing == out else f" lies under {existing}, which"
+        raise ValueError(f"--out {spec.out}{where} is a file; name a folder for the results")
 
 
 def _check_domain(key: str, domain: Any) -> None:
@@ -207,6 +207,21 @@ class _AfterStop(logging.Filter):
         return not self.stopped
 
 
+def check_same_space(study: Any, spec: Spec) -> None:
+    """A study resumed with another [space] would mix two sweeps' trials (and Optuna fails
+    a trial whose choices changed): refused. A new study records its space. [fixed] may
+    change (a resumed trial run shorter, say)."""
+    mine = json.dumps(spec.space, sort_keys=True, default=str)
+    saved = study.user_attrs.get("space")
+    if saved is None and not study.trials:
+        study.set_user_attr("space", mine)
+    elif saved is not None and saved != mine:  # None with trials: a study from before this check
+        raise ValueError(
+            f"study {spec.study!r} in {spec.out} was run with another [space]; "
+            "use another --out (or --study), or the search space it was started with"
+        )
+
+
 def run_sweep(spec: Spec) -> Any:
     """Run trials until the study has `spec.trials` complete or pruned ones; return it."""
     import optuna
@@ -252,6 +267,7 @@ def run_sweep(spec: Spec) -> Any:
             ):
                 raise
             time.sleep(1 + attempt)
+    check_same_space(study, spec)
     done = (TrialState.COMPLETE, TrialState.PRUNED)
     fixed = {k.replace("-", "_"): v for k, v in spec.fixed.items()}
 
