@@ -356,7 +356,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS)
     parser.add_argument("--refresh", action="store_true", help="measure again, ignore the cache")
     args = parser.parse_args(argv)
-    found = measured_peak(torch.device(args.device), args.precision, refresh=args.refresh)
+    try:
+        device = utils.resolve_device(args.device)
+    except (RuntimeError, ValueError) as error:  # cuda:abc, or a device this build lacks
+        parser.error(str(error))
+    found = measured_peak(device, args.precision, refresh=args.refresh)
     if found.get("tflops") is None:
         print(f"no measured peak: {found.get('reason')}")
         return 1
