@@ -32,10 +32,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import Dataset, Subset
 from tqdm import tqdm
 
-from .utils import cache_dir
+from .utils import SignalSafeLoader, cache_dir, seed_worker
 
 SPLITS = ("train", "val", "test")
 AUGMENT_POLICIES = ("auto", "crop-flip", "none")
@@ -201,12 +201,14 @@ def measure_mean_std(
     picked = torch.linspace(0, size - 1, min(size, MAX_MEASURED)).round().long().unique().tolist()
     workers = 0 if len(picked) <= 512 else min(4, os.cpu_count() or 1)
     # A generator of its own: the loader's seed would otherwise come from the global RNG, and
-    # the run's random streams would depend on whether the answer was cached.
-    loader = DataLoader(
+    # the run's random streams would depend on whether the answer was cached. Its workers
+    # leave a stop signal (Ctrl-C to the process group) to the main process, as training's do.
+    loader = SignalSafeLoader(
         Subset(dataset, picked),
         batch_size=64,
         num_workers=workers,
         generator=torch.Generator().manual_seed(0),
+        worker_init_fn=seed_worker,
     )
     total = squares = None
     count = 0
