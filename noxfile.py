@@ -133,7 +133,7 @@ def env(session: nox.Session) -> None:
         Env.python = sys.executable  # as the generated projects' sessions do (not PATH's python)
         _require_modules(session, NO_VENV_MODULES)
         return
-    args, env = _torch_source(session.venv_backend)
+    args, env = _torch_source(session)
     uv_args = _pip_config_for_uv() if session.venv_backend == "uv" else []
     session.install(TORCH, *args, *uv_args, env=env)
     session.install(*ENV_PACKAGES, *uv_args)
@@ -145,12 +145,11 @@ def env(session: nox.Session) -> None:
     }
 
 
-def _torch_source(venv_backend: str) -> tuple[list[str], dict[str, str]]:
-    """Installer arguments and environment that choose the torch wheel (see TORCH_BACKEND)
-    for an environment made by `venv_backend` (tests/test_user_install.py uses it too)."""
+def _torch_source(session: nox.Session) -> tuple[list[str], dict[str, str]]:
+    """Installer arguments and environment that choose the torch wheel (see TORCH_BACKEND)."""
     if TORCH_BACKEND == "none":
         return [], {}
-    if venv_backend == "uv":
+    if session.venv_backend == "uv":
         return [], {"UV_TORCH_BACKEND": TORCH_BACKEND}
     backend = TORCH_BACKEND
     if backend == "auto":  # PyPI's Linux wheel is the CUDA build: gigabytes a CPU never uses

@@ -12,8 +12,8 @@ environment of their own; each runs its fast suite, then mypy with the `dev` gro
 The environment is made with uv when it is installed (`.ci/run` installs it: torch is linked
 from uv's cache in seconds) and with venv and pip otherwise. torch is the version the shared
 environment has, from the same sources (pip's configured wheel folders and indexes, and
-TORCH_BACKEND, as the noxfile chooses them): the README's first line names PyTorch's CPU index,
-which CI may not reach.
+TORCH_BACKEND, as the noxfile's `_torch_source` chooses them): the README's first line names
+PyTorch's CPU index, which CI may not reach.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import re
 import shutil
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -47,7 +48,8 @@ class UserEnv:
         self.python = self.venv / "bin" / "python"
         uv = shutil.which("uv")
         backend = "uv" if uv else "virtualenv"
-        torch_args, self.install_env = NOXFILE._torch_source(backend)
+        # The noxfile's choice for a session made by `backend` (it reads only that).
+        torch_args, self.install_env = NOXFILE._torch_source(SimpleNamespace(venv_backend=backend))
         if uv:
             run([uv, "venv", "--quiet", "--python", sys.executable, self.venv], folder)
             self.installer = [uv, "pip", "install", "--quiet", "--python", str(self.python)]
