@@ -41,10 +41,13 @@ def rendered() -> dict[str, Path]:
 # The longest modules first, so two xdist workers finish together (a module runs whole on one
 # worker; `nox -s tests` passes --no-loadscope-reorder so this order is kept). Seconds on the
 # CI machine, roughly: the slow render ~400, package mutations ~400, the other renders ~250,
-# the update tests ~250, docs ~120, utils mutations ~140, the kept example ~110.
+# the update tests ~250, docs ~120, utils mutations ~140, the kept example ~110. The README
+# install (test_user_install: an image and an LM suite, then mypy, in an environment of their
+# own) took 1067 s on a 2-core machine at load 12, 280 s of CPU: not yet timed on CI.
 LONGEST_FIRST = [
     "test_matrix_slow",
     "test_package_mutations",
+    "test_user_install",
     "test_matrix",
     "test_update",
     "test_utils_mutations",

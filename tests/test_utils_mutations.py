@@ -113,6 +113,13 @@ MUTATIONS = [
         timed=True,
     ),
     Mutation(
+        "tuner-stops-only-after-measuring",
+        "                    samples += _batch_len(next(batches))\n                    check()\n",
+        "                    samples += _batch_len(next(batches))\n",
+        "test_utils_data.py",
+        select="tuning_workers_waits",
+    ),
+    Mutation(
         "workers-start-with-stop-signals-open",
         "    return SignalSafeLoader(\n",
         "    return DataLoader(\n",

@@ -35,6 +35,7 @@ from torch import nn
 from torch.utils.data import Dataset, Subset
 from tqdm import tqdm
 
+from .stopping import stops_between_batches
 from .utils import SignalSafeLoader, cache_dir, seed_worker
 
 SPLITS = ("train", "val", "test")
@@ -212,11 +213,13 @@ def measure_mean_std(
     )
     total = squares = None
     count = 0
-    for images, _ in loader:
-        values = images.double().transpose(0, 1).flatten(1)  # (C, N*H*W)
-        total = values.sum(1) if total is None else total + values.sum(1)
-        squares = (values**2).sum(1) if squares is None else squares + (values**2).sum(1)
-        count += values.shape[1]
+    with stops_between_batches() as check:  # a Ctrl-C waits for the batch in flight
+        for images, _ in loader:
+            check()
+            values = images.double().transpose(0, 1).flatten(1)  # (C, N*H*W)
+            total = values.sum(1) if total is None else total + values.sum(1)
+            squares = (values**2).sum(1) if squares is None else squares + (values**2).sum(1)
+            count += values.shape[1]
     assert total is not None and squares is not None
     mean = total / count
     std = (squares / count - mean**2).clamp_min(0).sqrt()

@@ -3,7 +3,8 @@
 In training, `StopSignal` turns the first one into a flag that the loop reads at the next
 step boundary: it saves and raises `Interrupted` (exit 128 + N). Everywhere else (start-up,
 evaluation, `tune`), `stop_signals_raise` turns one into `Stopped`, which the entry point's
-`rundir.exit_code` ends with one line and 128 + N.
+`rundir.exit_code` ends with one line and 128 + N; a start-up pass over DataLoader workers
+holds it until the batch in flight has arrived (`stops_between_batches`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +93,25 @@ def stop_signals_raise() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def stops_between_batches() -> Iterator[Callable[[], None]]:
+    """While inside, a stop signal is held until the caller's next `check()` (between
+    batches), which raises `Stopped`; one still held at the end is raised on leaving.
+
+    A start-up pass over DataLoader workers (the normalisation pass, `--num-workers auto`)
+    could be stopped by `Stopped` from the signal handler half-way through receiving a batch:
+    a worker hands its tensors over a socket (torch's file-descriptor sharing), and when the
+    main process dropped the socket mid-transfer, the worker printed a ConnectionResetError
+    traceback after the one stop line. At a batch boundary no transfer is in flight.
+    """
+    stop = StopSignal()
+
+    def check() -> None:
+        if stop.signum is not None:
+            raise Stopped(stop.signum)
+
+    with stop:
+        yield check
+    check()

@@ -438,6 +438,8 @@ def tune_num_workers(
     so it is measured, not guessed. Worker start-up and the first prefetched batches are
     excluded (persistent workers pay them once per run); what is timed is the steady rate.
     """
+    from .stopping import stops_between_batches  # stopping.py imports this module
+
     if candidates is None:
         cpus = available_cpus()
         candidates = sorted({0, *(n for n in (1, 2, 4, 8, 16, 32) if n <= cpus)})
@@ -454,14 +456,17 @@ def tune_num_workers(
         )
         warmup = warmup_batches if warmup_batches is not None else max(1, 2 * workers)
         batches = _cycle(loader)
-        try:
-            for _ in range(warmup):
-                next(batches)
-            samples = 0
-            start = time.perf_counter()
-            for _ in range(num_batches):
-                samples += _batch_len(next(batches))
-            results[workers] = samples / (time.perf_counter() - start)
+        try:  # a Ctrl-C waits for the batch in flight (stopping.stops_between_batches)
+            with stops_between_batches() as check:
+                for _ in range(warmup):
+                    next(batches)
+                    check()
+                samples = 0
+                start = time.perf_counter()
+                for _ in range(num_batches):
+                    samples += _batch_len(next(batches))
+                    check()
+                results[workers] = samples / (time.perf_counter() - start)
         finally:  # shut the workers down before the next candidate starts, or on an error
             close_workers(loader)
             del batches, loader

@@ -1,0 +1,113 @@
+"""Fresh projects in the environment their README sets up, which has no optional extra.
+
+The matrix installs every render into the one shared environment, and that environment holds
+every tracker and the sweep library, so a generated test that needs an extra without skipping,
+or a mypy setting that needs one installed, passes there and fails for a user. A user follows
+the generated README instead: the CPU build of torch, then its `pip install -e ".[test]"` line
+(read from the rendered README here), and an editor or pre-commit runs mypy with the `dev`
+dependency group. Here one image and one language-model render with the default answers (but
+their names, so that both install side by side) are installed that way into a virtual
+environment of their own; each runs its fast suite, then mypy with the `dev` group added.
+
+The environment is made with uv when it is installed (`.ci/run` installs it: torch is linked
+from uv's cache in seconds) and with venv and pip otherwise. torch is the version the shared
+environment has, from the same sources (pip's configured wheel folders and indexes, and
+TORCH_BACKEND, as the noxfile's `_torch_source` chooses them): the README's first line names
+PyTorch's CPU index, which CI may not reach.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from helpers import ROOT, render, run
+from test_tooling import load_module
+
+pytestmark = pytest.mark.matrix
+RENDERS = {"image": {"project_name": "user-image"}, "lm": {"project_name": "user-lm", "task": "lm"}}
+README_INSTALL = re.compile(r'^pip install -e "(\.\[[^"\]]*\])"$', re.M)
+NOXFILE = load_module(ROOT / "noxfile.py", "template_repo_noxfile_user_install")
+# The extras' libraries (trackers, sweeps, plots), none of which `.[test]` may bring.
+EXTRAS = [*NOXFILE.HIDDEN_EXTRAS, "matplotlib"]
+
+
+class UserEnv:
+    """A virtual environment and how to install into it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.venv = folder / "venv"
+        self.python = self.venv / "bin" / "python"
+        uv = shutil.which("uv")
+        backend = "uv" if uv else "virtualenv"
+        # The noxfile's choice for a session made by `backend` (it reads only that).
+        torch_args, self.install_env = NOXFILE._torch_source(SimpleNamespace(venv_backend=backend))
+        if uv:
+            run([uv, "venv", "--quiet", "--python", sys.executable, self.venv], folder)
+            self.installer = [uv, "pip", "install", "--quiet", "--python", str(self.python)]
+            self.installer += NOXFILE._pip_config_for_uv()
+        else:  # pip reads its own configuration; 25.1 installs dependency groups
+            run([sys.executable, "-m", "venv", self.venv], folder)
+            self.installer = [str(self.python), "-m", "pip", "install", "--quiet"]
+            self.install(["pip>=25.1"], folder)
+        torch = f"torch=={importlib.metadata.version('torch')}"
+        self.install([torch, *torch_args], folder)
+        # What the commands see: this environment first on PATH, not the shared one, and
+        # nothing of the shared one on PYTHONPATH (an empty value is ignored).
+        shared = str(Path(sys.executable).parent)
+        path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p != shared]
+        self.env = {
+            "PATH": os.pathsep.join([str(self.venv / "bin"), *path]),
+            "VIRTUAL_ENV": str(self.venv),
+            "PYTHONPATH": "",
+        }
+
+    def install(self, args: list[str], cwd: Path) -> None:
+        run([*self.installer, *args], cwd, env=self.install_env, timeout=1200)
+
+
+@pytest.fixture(scope="module")
+def user_env() -> tuple[UserEnv, dict[str, Path]]:
+    """The renders, installed as their README says, in build/user-install/[<xdist worker>]."""
+    folder = ROOT / "build" / "user-install" / os.environ.get("PYTEST_XDIST_WORKER", "")
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    projects = {name: render(folder / name, answers) for name, answers in RENDERS.items()}
+    env = UserEnv(folder)
+    for project in projects.values():
+        (extras,) = README_INSTALL.findall((project / "README.md").read_text())
+        assert extras == ".[test]", "a default render's README installs no optional extra"
+        env.install(["-e", extras], project)
+    return env, projects
+
+
+def test_the_readme_install_brings_no_optional_extra(user_env: Any) -> None:
+    """Otherwise the tests below would prove nothing: the extras' libraries are absent."""
+    env, _ = user_env
+    probe = "import importlib.util as u, sys; print([m for m in sys.argv[1:] if u.find_spec(m)])"
+    found = run([env.python, "-c", probe, *EXTRAS], ROOT, env=env.env).stdout
+    assert found.strip() == "[]", f"installed with .[test]: {found}"
+
+
+@pytest.mark.parametrize("name", RENDERS)
+def test_the_fast_suite_passes_without_the_extras(user_env: Any, name: str) -> None:
+    env, projects = user_env
+    pytest_args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu and not slow"]
+    run([env.python, *pytest_args], projects[name], env=env.env, timeout=1800)
+
+
+@pytest.mark.parametrize("name", RENDERS)
+def test_mypy_passes_with_the_dev_group_alone(user_env: Any, name: str) -> None:
+    """After the suites (tests run in file order): the `dev` group adds mypy and ruff."""
+    env, projects = user_env
+    env.install(["--group", "dev"], projects[name])
+    cache = ["--cache-dir", str(projects[name].parent / "mypy_cache")]  # torch analysed once
+    run([env.python, "-m", "mypy", *cache], projects[name], env=env.env)
