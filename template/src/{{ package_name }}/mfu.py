@@ -6,17 +6,12 @@ Two peaks, both per precision (fp32, tf32, bf16, fp16):
   GEMMs grown until one takes 20 ms, after a warm-up; the best of several, 2 n^3 FLOPs each).
   It exists on every device (CPU, MPS, any GPU, a MIG slice) and is cached per device,
   precision, thread count and torch version in `utils.cache_dir()`, so it costs about a second
-  once per machine. Other load can only slow a calibration down, so the cache keeps the best
-  one: `python -m <package>.mfu --refresh` measures again and replaces the cached peak only
-  with a higher one (a lower one is reported and dropped); `--reset` replaces it whatever it
-  reads. Only a calibration on a quiet device is cached: other processes used under
-  QUIET_OTHER_CPUS of the CPUs torch's threads run on while it ran (Linux's /proc/stat; the
-  load average elsewhere), and its repeats agreed within QUIET_SPREAD (on a GPU another job
-  shows only there). A busy one is used by the run that measured it, said so, and not kept.
-  With a cached peak, each run still times a few matmuls at start-up (the probe): one far
-  below the peak warns that the machine is busy now; one above it raises the cached peak.
-  MFU is never printed above 100%: achieved FLOP/s above the peak measures the peak again,
-  and when it is still above, MFU is unknown with the reason (`utilization`).
+  once per machine. Other load only slows a calibration, so the cache keeps the best quiet
+  one (`_busy`): `python -m <package>.mfu --refresh` replaces it only with a higher one,
+  `--reset` with any. A busy calibration is used by the run that made it, not cached. Each
+  run times a few matmuls at start-up (the probe): far below the cached peak, it warns of a
+  busy machine; above it, it raises the peak. Achieved FLOP/s above the peak measures it
+  again; still above, MFU is unknown with the reason, never over 100% (`utilization`).
 - **datasheet**: NVIDIA's dense (no sparsity) tensor-core peak for known GPUs, as a second
   reference: what the hardware could do in principle. Not for MIG slices (a slice has a
   fraction of the GPU's cores) and not for CPUs.
@@ -212,21 +207,17 @@ def _calibrate(
     before = _cpu_counters()
     tflops, size, spread = _time_matmul(device, _DTYPES[precision], max_size, repeats, start)
     others = _other_cpus(before, _cpu_counters()) if device.type == "cpu" else None
-    result = {
-        "tflops": tflops,
-        "precision": precision,
-        "size": size,
-        "spread": spread,
-        "device_name": device_name(device),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
+    result = {"tflops": tflops, "precision": precision, "size": size, "spread": spread,
+              "device_name": device_name(device),
+              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
     busy = _busy(device, spread, others)
     return {**result, "busy": busy} if busy else result
 
 
 def _busy(device: torch.device, spread: float, others: float | None) -> str:
-    """Why a calibration cannot be kept ('' for a quiet device): other processes took CPUs
-    from torch's threads, or its repeats disagree (the only sign of another job on a GPU)."""
+    """Why a calibration cannot be kept ('' for a quiet device): other processes took over
+    QUIET_OTHER_CPUS from torch's threads (/proc/stat on Linux, else the load average over
+    the CPU count), or its repeats spread over QUIET_SPREAD (another job on the same GPU)."""
     if others is not None and others > QUIET_OTHER_CPUS:
         return f"busy: other processes took {others:.2f} CPUs from torch's threads"
     if spread > QUIET_SPREAD:
@@ -260,12 +251,10 @@ def _other_cpus(
     if before is not None and after is not None and after[0] - before[0] >= 0.2:
         others = (after[1] - before[1] - (after[2] - before[2])) / (after[0] - before[0])
         return max(others - free, 0.0)
-    if before is None:
-        try:
-            return max(os.getloadavg()[0] - utils.available_cpus(), 0.0)
-        except (AttributeError, OSError):
-            pass
-    return None
+    try:
+        return max(os.getloadavg()[0] - utils.available_cpus(), 0.0) if before is None else None
+    except (AttributeError, OSError):
+        return None
 
 
 def _time_matmul(
@@ -433,15 +422,8 @@ class Utilization:
     ) -> Utilization:
         """For `train.py`: the sample shape and classes from the dataset's `DataInfo`."""
         shape = (info.in_channels, info.image_size, info.image_size)
-        return cls(
-            model,
-            shape,
-            info.num_classes,
-            config.optim.batch_size,
-            device,
-            config.speed.precision,
-            enabled=enabled,
-        )
+        return cls(model, shape, info.num_classes, config.optim.batch_size, device,
+                   config.speed.precision, enabled=enabled)  # fmt: skip
 
     @classmethod
     def per_sample(
