@@ -48,6 +48,8 @@ QUIET_OTHER_CPUS = 0.25
 # ... and when its median product took at most this much longer than its best (another job
 # on the same GPU slows some products and not others).
 QUIET_SPREAD = 1.15
+# Other processes' CPU time is read over at least this long (a calibration can be shorter).
+QUIET_WINDOW_S = 0.5
 
 # Dense peaks in TFLOP/s from NVIDIA's datasheets (the "with sparsity" figures are twice the
 # tensor-core ones), per precision: fp32 = CUDA cores, the others = tensor cores. Matched
@@ -126,17 +128,9 @@ def rate(tflops: float) -> str:
     return f"{tflops:.3g} TFLOP/s" if tflops >= 1 else f"{tflops * 1e3:,.1f} GFLOP/s"
 
 
-def measured_peak(
-    device: torch.device,
-    precision: str,
-    *,
-    max_size: int | None = None,
-    repeats: int = 10,
-    refresh: bool = False,
-    reset: bool = False,
-    cache: Path | None = None,
-    probe: bool = False,
-) -> dict[str, Any]:
+def measured_peak(device: torch.device, precision: str, *, max_size: int | None = None,
+                  repeats: int = 10, refresh: bool = False, reset: bool = False,
+                  cache: Path | None = None, probe: bool = False) -> dict[str, Any]:  # fmt: skip
     """The dense matmul rate of this device in `precision`, measured once and cached.
 
     Returns {"tflops", "precision", "size", "device_name", "cached"}: square matmuls of
@@ -200,13 +194,17 @@ def _keep_best(result: dict[str, Any], cached: dict[str, Any] | None, path: Path
     return {**result, "cached": False}
 
 
-def _calibrate(
-    device: torch.device, precision: str, max_size: int, repeats: int, start: int = 256
-) -> dict[str, Any]:
-    """One calibration, with "busy" (why) when other work shared the device while it ran."""
+def _calibrate(device: torch.device, precision: str, max_size: int, repeats: int,
+               start: int = 256, window: float = QUIET_WINDOW_S) -> dict[str, Any]:  # fmt: skip
+    """One calibration, with "busy" (why) when other work shared the device while it ran (on
+    a CPU, read over at least `window` seconds)."""
     before = _cpu_counters()
     tflops, size, spread = _time_matmul(device, _DTYPES[precision], max_size, repeats, start)
-    others = _other_cpus(before, _cpu_counters()) if device.type == "cpu" else None
+    after = _cpu_counters()
+    if before and after and after[0] - before[0] < window and device.type == "cpu":
+        time.sleep(window - (after[0] - before[0]))  # a short one: others' use after it
+        after = _cpu_counters()
+    others = _other_cpus(before, after) if device.type == "cpu" else None
     result = {"tflops": tflops, "precision": precision, "size": size, "spread": spread,
               "device_name": device_name(device),
               "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
@@ -245,8 +243,8 @@ def _other_cpus(
     before: tuple[float, float, float] | None, after: tuple[float, float, float] | None
 ) -> float | None:
     """CPUs other processes took from torch's threads between the counters (those the
-    threads leave free do not count): from /proc/stat over at least 0.2 s, else the 1-minute
-    load average beyond the CPUs; None when neither says."""
+    threads leave free do not count): from /proc/stat, else the 1-minute load average beyond
+    the CPUs; None when neither says (a window under 0.2 s is too coarse for /proc/stat)."""
     free = max(utils.available_cpus() - torch.get_num_threads(), 0)
     if before is not None and after is not None and after[0] - before[0] >= 0.2:
         others = (after[1] - before[1] - (after[2] - before[2])) / (after[0] - before[0])
@@ -299,7 +297,7 @@ def _with_probe(
     rate as the peak (cached when quiet) when it beats it (the cache was low)."""
     size = int(found.get("size") or 1024)
     try:
-        now = _calibrate(device, precision, size, repeats=3, start=size)
+        now = _calibrate(device, precision, size, repeats=3, start=size, window=0.0)
     except RuntimeError:
         return found
     best = _keep_best(now, found, path)
