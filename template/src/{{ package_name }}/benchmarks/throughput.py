@@ -40,23 +40,26 @@ def section_throughput(ctx: Context) -> dict[str, Any]:
     achieved = flops / median / 1e12
     precision = mfu.matmul_precision(ctx.device, config.speed.precision)
     calibration = mfu.measured_peak(ctx.device, config.speed.precision)
+    if calibration.get("tflops") and achieved > calibration["tflops"]:  # a low cached peak
+        calibration = mfu.measured_peak(ctx.device, config.speed.precision, refresh=True)
     measured = calibration.get("tflops")
     datasheet, device_name = mfu.datasheet_peak(ctx.device, config.speed.precision)
-    mfu_measured = mfu.utilization(achieved, measured)
-    mfu_datasheet = mfu.utilization(achieved, datasheet)
-    if measured:
-        how = "cached" if calibration["cached"] else "measured now"
-        measured_text = (
-            f"{mfu_measured:.1%} of {measured:.3g} TFLOP/s ({precision} matmul "
-            f"{calibration['size']}x{calibration['size']}, {how})"
-        )
-    else:
-        measured_text = f"n/a ({calibration.get('reason', 'calibration failed')})"
-    datasheet_text = (
-        f"{mfu_datasheet:.2%} of {datasheet:g} TFLOP/s ({device_name})"
-        if datasheet
-        else f"n/a ({device_name})"
+    how = "cached" if calibration.get("cached") else "measured now"
+    if calibration.get("busy") and not calibration.get("cached"):
+        how = f"measured now, not cached: {calibration['busy']}"
+    size = calibration.get("size")
+    mfu_measured, measured_text, measured_unknown = _against(
+        achieved,
+        measured,
+        "measured (and measured again now)",
+        f"TFLOP/s ({precision} matmul {size}x{size}, {how})",
+        calibration.get("reason", "calibration failed"),
+        ".1%",
     )
+    mfu_datasheet, datasheet_text, datasheet_unknown = _against(
+        achieved, datasheet, "datasheet", f"TFLOP/s ({device_name})", device_name, ".2%"
+    )
+    unknown = {"mfu_unknown": measured_unknown, "mfu_datasheet_unknown": datasheet_unknown}
     rows = [
         [f"{unit}/s", f"{rate:.1f} (IQR {low:.1f}-{high:.1f})"],
         ["step time", fmt_timing(step)],
@@ -81,6 +84,7 @@ def section_throughput(ctx: Context) -> dict[str, Any]:
         "device_name": device_name,
         "mfu_measured": mfu_measured,
         "mfu_datasheet": mfu_datasheet,
+        **{key: why for key, why in unknown.items() if why},
         # Before schema 2: MFU against the bf16 datasheet peak, whatever the precision.
         "mfu": mfu_datasheet if mfu_datasheet is not None else "unknown",
         "table": {"columns": ["", "value"], "rows": rows},
@@ -90,3 +94,16 @@ def section_throughput(ctx: Context) -> dict[str, Any]:
             f"measured peak is cached in {utils.cache_dir()}"
         ],
     }
+
+
+def _against(
+    achieved: float, peak: float | None, which: str, what: str, missing: str, percent: str
+) -> tuple[float | None, str, str]:
+    """(MFU, its table text, why it is unknown): never above 100% (`mfu.utilization`)."""
+    if not peak:
+        return None, f"n/a ({missing})", ""
+    value = mfu.utilization(achieved, peak)
+    if value is None:
+        why = mfu.above_peak(achieved, peak, which)
+        return None, f"unknown: {why}", why
+    return value, f"{value:{percent}} of {peak:.4g} {what}", ""
