@@ -53,7 +53,7 @@ class SaveError(OSError):
     """
 
 
-def save_checkpoint(state: dict[str, Any], path: Path) -> None:
+def save_checkpoint(state: dict[str, Any], path: Path, previous: Path | None = None) -> None:
     """Write `state` to `path` atomically: a crash mid-write never leaves a half-written file.
 
     torch.save goes to a temporary file in the same folder (never the system temp folder: on a
@@ -61,7 +61,8 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
     longer atomic), is flushed to disk, and then replaces `path` in one `os.replace`; the
     folder is flushed too, so the rename survives a power cut. If the disk refuses (ENOSPC,
     EROFS, ...) or the rename does (EXDEV, EACCES), the temporary file is removed, `path`
-    keeps its previous content, and SaveError says so, naming both paths.
+    keeps its previous content, and SaveError says so, naming both paths (or `previous`, the
+    file that holds the previous checkpoint when `path` is a new name: a step checkpoint).
     """
     tmp = None
     try:
@@ -77,7 +78,7 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
             Path(tmp).unlink(missing_ok=True)
         failed = write_failure(error)
         if failed is not None:
-            raise SaveError(_save_failure(path, failed)) from None
+            raise SaveError(_save_failure(path, failed, previous)) from None
         raise
 
 
@@ -142,12 +143,13 @@ def copy_checkpoint(source: Path, target: Path) -> None:
         raise
 
 
-def _save_failure(path: Path, error: OSError) -> str:
+def _save_failure(path: Path, error: OSError, previous: Path | None = None) -> str:
     cause = error.strerror or str(error) or type(error).__name__
+    previous = previous or path
     kept = (
-        f"{path} still holds the previous checkpoint"
-        if path.is_file()
-        else f"no checkpoint survives at {path}"
+        f"{previous} still holds the previous checkpoint"
+        if previous.is_file()
+        else f"no checkpoint survives at {previous}"
     )
     return f"could not write {path}: {cause}; the partial file was removed and {kept}"
 
@@ -301,21 +303,20 @@ def _load_failure(error: Exception) -> str:
 
 
 def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
-    """`--resume auto` means run_dir's last checkpoint if there is one (else a fresh start):
-    last.pt, or the folder last.dcp of an FSDP run; the newer one if both are there."""
+    """`--resume auto` means run_dir's newest complete checkpoint if there is one (else a
+    fresh start): last.pt, the folder last.dcp of an FSDP run, or a step checkpoint
+    (`step_checkpoints.newest`: a partial newest one is skipped with a line)."""
     if resume is None:
         return None
     if resume == "auto":
+        from . import step_checkpoints  # it imports this module
+
         folder = run_dir / "checkpoints"
-        # Each checkpoint with the file whose presence says it is complete.
-        markers = {folder / "last.pt": folder / "last.pt"}
-        markers[folder / "last.dcp"] = folder / "last.dcp" / "train_state.pt"
-        present = {path: marker for path, marker in markers.items() if marker.is_file()}
         refuse_unreadable_last(folder / "last.pt")
-        if not present:
+        found = step_checkpoints.newest(folder)
+        if found is None:
             refuse_best_without_last(folder)
-            return None
-        return max(present, key=lambda path: present[path].stat().st_mtime_ns)
+        return found
     path = Path(resume)
     if not (path.is_file() or (path / "train_state.pt").is_file()):
         raise CheckpointError(

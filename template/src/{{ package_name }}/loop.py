@@ -23,7 +23,15 @@ from torch.profiler import record_function
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from . import checkpoint, distributed, parallel, rundir, sharded_checkpoint, utils
+from . import (
+    checkpoint,
+    distributed,
+    parallel,
+    rundir,
+    sharded_checkpoint,
+    step_checkpoints,
+    utils,
+)
 from .checkpoint import SaveError, StopSignal
 from .config import Config
 from .data import ResumableSampler
@@ -91,6 +99,7 @@ class Run:
     best_acc: float = -1.0
     epoch_totals: dict[str, float] = field(default_factory=dict)
     result: dict[str, Any] = field(default_factory=dict)  # the last epoch's metrics
+    saver: Any = None  # step_checkpoints.Saver: --save-every, --keep-last, the background writer
 
     @property
     def device(self) -> torch.device:
@@ -328,16 +337,12 @@ def save_checkpoint(
             step=run.global_step,
         )
     failure = None
+    # step_checkpoints.py: which file (--keep-last), now or on a thread (--save-in-background)
     if run.sharded:  # every rank writes its shards; a failure raises on every rank
-        state, best = snapshot(run, epoch, samples, totals), best_path if improved else None
-        sharded_checkpoint.save(
-            state, last_path, run.raw_model, run.optimizer, best, run.ctx, device
-        )
+        step_checkpoints.save_sharded(run, snapshot(run, epoch, samples, totals), improved)
     elif run.ctx.is_main:
         try:
-            checkpoint.save_checkpoint(snapshot(run, epoch, samples, totals), last_path)
-            if improved:
-                checkpoint.copy_checkpoint(last_path, best_path)
+            step_checkpoints.save_file(run, snapshot(run, epoch, samples, totals), improved)
         except SaveError as error:
             failure = error
     if rundir.any_rank(failure is not None, device):

@@ -38,7 +38,17 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from . import checkpoint, distributed, finetune, loop, parallel, rundir, sharded_checkpoint, utils
+from . import (
+    checkpoint,
+    distributed,
+    finetune,
+    loop,
+    parallel,
+    rundir,
+    sharded_checkpoint,
+    step_checkpoints,
+    utils,
+)
 from .checkpoint import Interrupted
 from .config import Config, ConfigError, parse_config
 from .data import DataInfo, ResumableSampler, shard
@@ -76,6 +86,7 @@ def train(
     """
     with contextlib.ExitStack() as cleanup:
         run = build_run(config, cleanup)
+        cleanup.callback(step_checkpoints.close, run)  # a background write is never cut off
         resumed = resume(run)
         writer = MetricsWriter(
             Path(config.run.run_dir),
@@ -102,13 +113,17 @@ def train(
                 # A signal that arrived during this step stops right here in a single process;
                 # under DDP the ranks stop where the all-reduced flag told all of them to.
                 stop_now = stop_now or (stop.signum is not None and not run.ctx.enabled)
-                if run.global_step % config.log.log_every == 0 or stop_now:
+                save_now = step_checkpoints.due(run, step_in_epoch)  # --save-every
+                if run.global_step % config.log.log_every == 0 or stop_now or save_now:
                     log_progress(run, writer, epoch, bar)
-                if stop_now:
+                if stop_now or save_now:
                     done = (step_in_epoch + 1) * run.samples_per_step
                     save_checkpoint(
                         run, epoch, done, run.epoch_totals, improved=False, val_loss=0.0
                     )
+                # A signal during a step checkpoint's save stops on it: no step, no save more.
+                if stop_now or (save_now and step_checkpoints.stopping(run, stop)):
+                    step_checkpoints.finish(run)  # written before the line says it is
                     bar.close()
                     last = run.last_path if run.ctx.is_main else None
                     raise Interrupted(stop.signum or signal.SIGTERM, run.global_step, last)
@@ -117,7 +132,12 @@ def train(
             if on_epoch is not None:
                 on_epoch(dict(run.result))
             run.skip_samples = 0
+            # A signal during validation or the epoch's save stops on that checkpoint.
+            if epoch + 1 < config.optim.epochs and step_checkpoints.stopping(run, stop):
+                last = run.last_path if run.ctx.is_main else None
+                raise Interrupted(stop.signum or signal.SIGTERM, run.global_step, last)
 
+        step_checkpoints.finish(run)  # the last checkpoint's background write
         # Rank 0 may still be writing the last checkpoint: a rank that tears the process
         # group down meanwhile can leave the shutdown of the connections hanging.
         distributed.barrier()
@@ -293,6 +313,8 @@ def resume(run: Run) -> bool:
     resume_path = checkpoint.resolve_resume(config.run.resume, run_dir)
     if config.run.resume == "auto" and resume_path is None:
         run.log(f"--resume auto: no checkpoint in {run.last_path.parent}, starting fresh")
+        if run.ctx.is_main:  # a run killed before its first save: its steps are redone
+            rundir.trim_metrics(run_dir / "metrics.jsonl", 0)
     if resume_path is None:
         return False
     state = checkpoint.load_checkpoint(

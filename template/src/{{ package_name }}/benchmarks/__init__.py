@@ -2,7 +2,7 @@
 
 One module per section, plus `timing` (what they share) and `cli` (the command line).
 
-Eight sections, side by side in one run. Every figure is a measurement from this run with its
+Nine sections, side by side in one run. Every figure is a measurement from this run with its
 spread (median and interquartile range from `torch.utils.benchmark`), or a ratio from
 interleaved rounds with its spread across rounds ("within noise" when that spread covers 1.0),
 or `skipped: <reason>`. Model FLOPs utilization is divided by a peak measured on this device
@@ -17,6 +17,8 @@ or `skipped: <reason>`. Model FLOPs utilization is divided by a peak measured on
 7. throughput in samples/s (tokens/s for a language model), achieved TFLOP/s and model FLOPs
    utilization (MFU)
 8. attention through the fused `scaled_dot_product_attention` kernels versus its math kernel
+9. checkpoint saves: the loop's step time while a save is written (in the background, and
+   blocking) against a step without one
 
 The table is printed, the numbers go to `<out>/benchmark.json`, and a chart to
 `<out>/benchmark.png` when matplotlib is installed (`pip install '.[plot]'`). `--quick` takes

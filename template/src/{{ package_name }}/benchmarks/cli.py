@@ -23,6 +23,7 @@ from . import (
     evaluation,
     loop_overhead,
     pin_memory,
+    saving,
     throughput,
     workers,
 )
@@ -41,6 +42,7 @@ SECTIONS: dict[int, tuple[str, str]] = {
     6: ("loop_overhead", "Training loop vs bare reference loop"),
     7: ("throughput", "Throughput and model FLOPs utilization"),
     8: ("attention", "Attention: fused SDPA kernels vs the math kernel (training step)"),
+    9: ("checkpoint_saves", "Checkpoint saves: step time during a save vs without one"),
 }
 
 RUNNERS: dict[int, Callable[[Context], dict[str, Any]]] = {
@@ -52,6 +54,7 @@ RUNNERS: dict[int, Callable[[Context], dict[str, Any]]] = {
     6: loop_overhead.section_loop_overhead,
     7: throughput.section_throughput,
     8: attention.section_attention,
+    9: saving.section_checkpoint_saves,
 }
 
 
@@ -84,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a run of seconds (tests, smoke checks); numbers are rough",
     )
     group.add_argument(
-        "--sections", default="1,2,3,4,5,6,7,8", help="comma-separated section numbers to run"
+        "--sections", default="1,2,3,4,5,6,7,8,9", help="comma-separated section numbers to run"
     )
     group.add_argument(
         "--min-run-time",

@@ -96,6 +96,8 @@ def write_chart(report: dict[str, Any], path: Path) -> str:
         ratios.update({f"{name} on / off": value for name, value in sections[5]["ratios"].items()})
     if 6 in sections:
         ratios["train loop / bare loop"] = sections[6]["ratio"]
+    if 9 in sections:
+        ratios["step during a background save / without"] = sections[9]["ratio"]
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     if 1 in sections:
         sweep = sections[1]["sweep"]
