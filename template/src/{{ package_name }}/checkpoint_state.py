@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import checkpoint, sharded_checkpoint
+from . import checkpoint, sharded_checkpoint, slots
 from .checkpoint import CheckpointError
 
 
@@ -50,7 +50,8 @@ def _save_weights(run: Any, at: Position) -> dict[str, Any]:
 def _load_weights(run: Any, state: dict[str, Any], path: Path) -> None:
     # A sharded folder loads onto however many ranks this run has (resharding).
     sharded_checkpoint.load_model_and_optimizer(path, state, run.raw_model, run.optimizer)
-    set_weight_decay(run.optimizer, run.config.optim.weight_decay)
+    if slots.load().optimizer is None:  # the template's AdamW: this run's --weight-decay
+        set_weight_decay(run.optimizer, run.config.optim.weight_decay)
 
 
 def set_weight_decay(optimizer: Any, weight_decay: float) -> None:
@@ -65,13 +66,15 @@ def _save_schedule(run: Any, at: Position) -> dict[str, Any]:
 
 
 def _load_schedule(run: Any, state: dict[str, Any], path: Path) -> None:
-    scheduler, lr = run.scheduler, run.config.optim.lr
+    scheduler = run.scheduler
+    peaks = list(scheduler.base_lrs)  # as this run built its optimizer, from its flags
     checkpoint.load_state_into(scheduler, state["scheduler"], "scheduler", path)
     # The checkpoint says where in the schedule we are; this run's flags say what the
-    # schedule is (as in nanoGPT): a resumed run honours a changed --lr or --epochs.
-    scheduler.base_lrs = [lr for _ in run.optimizer.param_groups]
-    for group in run.optimizer.param_groups:
-        group["lr"] = lr * scheduler.lr_lambdas[0](scheduler.last_epoch)
+    # schedule is (as in nanoGPT): a resumed run honours a changed --lr or --epochs, and an
+    # optimizer of yours keeps the peak rate it gives each group.
+    scheduler.base_lrs = peaks
+    for group, peak in zip(run.optimizer.param_groups, peaks, strict=True):
+        group["lr"] = peak * scheduler.lr_lambdas[0](scheduler.last_epoch)
 
 
 def _save_scaler(run: Any, at: Position) -> dict[str, Any]:

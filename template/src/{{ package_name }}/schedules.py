@@ -1,4 +1,4 @@
-"""The learning-rate schedules `--schedule` chooses, registered in the extension slots.
+"""The learning-rate schedules `--lr-schedule` chooses, registered in the extension slots.
 
 Each is `factor(step, total_steps, config)`: the learning rate at optimizer step `step` is
 `--lr` times the factor. All start with `--warmup-steps` of linear warmup. A schedule of yours

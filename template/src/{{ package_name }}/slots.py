@@ -16,7 +16,7 @@ extensions.py trains exactly as the template does. The slots, in extensions.py:
         return torch.optim.SGD(slots.param_groups(model, config.optim.weight_decay),
                                lr=config.optim.lr, momentum=0.9, nesterov=True)
 
-    @slots.schedule("halves")        # --schedule halves: (step, total_steps, config) -> factor
+    @slots.schedule("halves")        # --lr-schedule halves: (step, total_steps, config) -> factor
     def halves(step, total, config):
         return 0.5 ** (step // max(1, total // 4))
 
@@ -48,7 +48,7 @@ yours, config.py's `Config`, so they are flags and TOML keys):
         return ResNet(info.in_channels, info.num_classes, depth=config.resnet.depth)
 
 The template's own options are built on the same slots (the EMA of the weights, `--ema-decay`,
-and the schedules of `--schedule`), in ema.py and schedules.py.
+and the schedules of `--lr-schedule`), in ema.py and schedules.py.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def model(
 
 
 def schedule(name: str) -> Callable[[F], F]:
-    """Register `factor(step, total_steps, config) -> float` as `--schedule NAME`: the
+    """Register `factor(step, total_steps, config) -> float` as `--lr-schedule NAME`: the
     learning rate at optimizer step `step` is `--lr` times the factor."""
 
     def register(factor: F) -> F:

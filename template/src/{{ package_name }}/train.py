@@ -306,9 +306,9 @@ def build_optimizer(
 def build_scheduler(
     config: Config, optimizer: torch.optim.Optimizer, total_steps: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """`--schedule`'s factor (schedules.py, or one registered with `@slots.schedule`) times
+    """`--lr-schedule`'s factor (schedules.py, or one registered with `@slots.schedule`) times
     --lr at each optimizer step, for a run of `total_steps`."""
-    factor = slots.load().schedules[config.optim.schedule]
+    factor = slots.load().schedules[config.optim.lr_schedule]
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, partial(_scheduled, factor=factor, total=total_steps, config=config)
     )
