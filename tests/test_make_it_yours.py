@@ -177,12 +177,11 @@ def test_a_project_made_yours_in_your_files_trains_resumes_and_updates_cleanly(t
     assert changed and changed <= USER_FILES, changed
     commit_all(project, "ours: a ResNet, a loss, SGD, a schedule, an EMA, a metric")
 
-    script = project / "check.py"
-    script.write_text(CHECK)
-    done = run([sys.executable, str(script), *ARGS], project,
-               env={"PYTHONPATH": str(project / "src")})  # fmt: skip
+    work = tmp_path / "work"  # runs outside the project: it stays clean for the update
+    work.mkdir()
+    (work / "check.py").write_text(CHECK)
+    done = run([sys.executable, "check.py", *ARGS], work, env={"PYTHONPATH": str(project / "src")})
     assert "blocks 3 same" in done.stdout
-    script.unlink()
 
     # The next release reshapes the template's loop, train() and a default.
     pkg = "template/src/{{ package_name }}"
@@ -202,9 +201,9 @@ def test_a_project_made_yours_in_your_files_trains_resumes_and_updates_cleanly(t
     # And it still trains as ours.
     quick = [*ARGS, "--epochs", "1", "--max-steps-per-epoch", "1", "--run-dir", "after"]
     done = subprocess.run(
-        [sys.executable, "-m", f"{PACKAGE}.train", *quick], cwd=project, text=True,
+        [sys.executable, "-m", f"{PACKAGE}.train", *quick], cwd=work, text=True,
         capture_output=True, env={**__import__("os").environ, "PYTHONPATH": str(project / "src")},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    records = (project / "after" / "metrics.jsonl").read_text().splitlines()
+    records = (work / "after" / "metrics.jsonl").read_text().splitlines()
     assert json.loads(records[0])["config"]["warmup_steps"] == 40  # the release's default
