@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers import copy_template_repo, git, git_init_commit, render, run
 from test_update import commit_all, conflict_markers, edit, update
@@ -128,7 +129,26 @@ assert type(full["optimizer"]) is dict and "momentum_buffer" in str(full["optimi
 records = [json.loads(line) for line in Path("full/metrics.jsonl").read_text().splitlines()]
 assert all("confident" in r for r in records if r["kind"] == "train")
 assert all("train_confident" in r for r in records if r["kind"] == "epoch")
-print("blocks", sum(k.endswith("body.0.weight") for k in full["model"]), "same")
+print("same")
+"""
+LM_SETTINGS = '''
+@dataclass
+class MlpLmSettings:
+    """Our token MLP's own setting: the flag --hidden-mult, TOML table [mlp_lm]."""
+
+    hidden_mult: int = field(default=2, metadata={"help": "hidden width / --width"})
+
+
+'''
+LM_MODEL = """
+
+@slots.model("mlp-lm", help="a per-token MLP over embeddings")
+def build_mlp_lm(config: Config, info: DataInfo) -> nn.Module:
+    width, hidden = config.model.width, config.model.width * config.mlp_lm.hidden_mult
+    return nn.Sequential(
+        nn.Embedding(info.num_classes, width), nn.LayerNorm(width),
+        nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, info.num_classes),
+    )
 """
 ARGS = [
     *("--model", "resnet", "--depth", "3", "--width-mult", "0.5", "--epochs", "2"),
@@ -138,12 +158,24 @@ ARGS = [
 ]
 
 
-def make_it_yours(project: Path) -> None:
+LM_ARGS = [
+    *("--model", "mlp-lm", "--hidden-mult", "3", "--width", "16", "--seq-len", "16"),
+    *("--epochs", "2", "--batch-size", "8", "--train-samples", "32", "--val-samples", "8"),
+    *("--data-dir", "corpus", "--num-workers", "0", "--compile", "off", "--progress", "false"),
+    *("--deterministic", "--device", "cpu", "--log-every", "2", "--tracker", "none"),
+]
+CHOSEN = {  # the checkpoint holds our model, built with our flag's value
+    "image": lambda saved: sum(k.endswith("body.0.weight") for k in saved["model"]) == 3,
+    "lm": lambda saved: saved["model"]["2.weight"].shape == (48, 16),
+}
+
+
+def make_it_yours(project: Path, task: str) -> None:
     package = project / "src" / PACKAGE
     edit(
         package / "config.py",
         r"^(?=@dataclass\nclass Config\(BaseConfig\):)",
-        SETTINGS.lstrip("\n"),
+        (SETTINGS if task == "image" else LM_SETTINGS).lstrip("\n"),
     )
     edit(
         package / "config.py",
@@ -151,14 +183,16 @@ def make_it_yours(project: Path) -> None:
         "optim: OptimConfig = field(\n        default_factory=lambda: OptimConfig(\n"
         '            lr=0.05, weight_decay=5e-4, lr_schedule="step", ema_decay=0.9\n'
         "        )\n    )\n"
-        "    resnet: ResNetSettings = field(default_factory=ResNetSettings)",
+        "    resnet: ResNetSettings = field(default_factory=ResNetSettings)"
+        if task == "image"
+        else "    mlp_lm: MlpLmSettings = field(default_factory=MlpLmSettings)",
     )
     edit(
         package / "model.py",
         r"^from torch import nn\n",
         "from torch import nn\n\nfrom . import slots\n",
     )
-    edit(package / "model.py", r"\Z", RESNET)
+    edit(package / "model.py", r"\Z", RESNET if task == "image" else LM_MODEL)
     edit(
         package / "extensions.py",
         r"^import torch\n",
@@ -167,12 +201,14 @@ def make_it_yours(project: Path) -> None:
     edit(package / "extensions.py", r"\Z", EXTENSIONS)
 
 
-def test_a_project_made_yours_in_your_files_trains_resumes_and_updates_cleanly(tmp_path):
+@pytest.mark.parametrize("task", ["image", "lm"])
+def test_a_project_made_yours_in_your_files_trains_resumes_and_updates_cleanly(tmp_path, task):
     template = copy_template_repo(tmp_path / "template")
     git(template, "tag", "v1.0.0")
-    project = render(tmp_path / "p", {"project_name": PACKAGE}, src=template, vcs_ref="v1.0.0")
+    answers = {"project_name": PACKAGE, "task": task}
+    project = render(tmp_path / "p", answers, src=template, vcs_ref="v1.0.0")
     git_init_commit(project, "rendered")
-    make_it_yours(project)
+    make_it_yours(project, task)
     changed = set(git(project, "diff", "--name-only").split())
     assert changed and changed <= USER_FILES, changed
     commit_all(project, "ours: a ResNet, a loss, SGD, a schedule, an EMA, a metric")
@@ -180,8 +216,13 @@ def test_a_project_made_yours_in_your_files_trains_resumes_and_updates_cleanly(t
     work = tmp_path / "work"  # runs outside the project: it stays clean for the update
     work.mkdir()
     (work / "check.py").write_text(CHECK)
-    done = run([sys.executable, "check.py", *ARGS], work, env={"PYTHONPATH": str(project / "src")})
-    assert "blocks 3 same" in done.stdout
+    (work / "corpus").mkdir()
+    (work / "corpus" / "a.txt").write_text("a language model of our own. " * 30)
+    args = ARGS if task == "image" else LM_ARGS
+    done = run([sys.executable, "check.py", *args], work, env={"PYTHONPATH": str(project / "src")})
+    assert "same" in done.stdout
+    saved = torch.load(work / "full" / "checkpoints" / "last.pt", weights_only=True)
+    assert CHOSEN[task](saved), sorted(saved["model"])[:8]  # our model, with our flag's value
 
     # The next release reshapes the template's loop, train() and a default.
     pkg = "template/src/{{ package_name }}"
@@ -196,10 +237,9 @@ def test_a_project_made_yours_in_your_files_trains_resumes_and_updates_cleanly(t
     assert conflict_markers(project) == []
     assert not list(project.rglob("*.rej"))
     assert "counted once" in (project / "src" / PACKAGE / "loop.py").read_text()
-    assert 'register("resnet"' not in (project / "src" / PACKAGE / "model.py").read_text()
-    assert "build_resnet" in (project / "src" / PACKAGE / "model.py").read_text()
+    assert "@slots.model(" in (project / "src" / PACKAGE / "model.py").read_text()
     # And it still trains as ours.
-    quick = [*ARGS, "--epochs", "1", "--max-steps-per-epoch", "1", "--run-dir", "after"]
+    quick = [*args, "--epochs", "1", "--max-steps-per-epoch", "1", "--run-dir", "after"]
     done = subprocess.run(
         [sys.executable, "-m", f"{PACKAGE}.train", *quick], cwd=work, text=True,
         capture_output=True, env={**__import__("os").environ, "PYTHONPATH": str(project / "src")},
