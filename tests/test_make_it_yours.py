@@ -183,9 +183,11 @@ def make_it_yours(project: Path, task: str) -> None:
         "optim: OptimConfig = field(\n        default_factory=lambda: OptimConfig(\n"
         '            lr=0.05, weight_decay=5e-4, lr_schedule="step", ema_decay=0.9\n'
         "        )\n    )\n"
-        "    resnet: ResNetSettings = field(default_factory=ResNetSettings)"
-        if task == "image"
-        else "    mlp_lm: MlpLmSettings = field(default_factory=MlpLmSettings)",
+        + (
+            "    resnet: ResNetSettings = field(default_factory=ResNetSettings)"
+            if task == "image"
+            else "    mlp_lm: MlpLmSettings = field(default_factory=MlpLmSettings)"
+        ),
     )
     edit(
         package / "model.py",
