@@ -84,8 +84,8 @@ def interface_names(sources: dict[str, str]) -> dict[str, set[str]]:
     """What template-owned modules use from the user's modules: {module: {name, ...}}.
 
     `sources` maps file names in src/<package>/ to their text; the user's own modules are left
-    out. Counts `from .model import x`, and `m.x` or `getattr(m, "x")` after `from . import
-    model as m`.
+    out. Counts `from .model import x`, `m.x` or `getattr(m, "x")` after `from . import
+    model as m`, and `slots.user_attr("model", "x")` (slots.py: how template code reads them).
     """
     used: dict[str, set[str]] = {module: set() for module in USER_MODULES}
     for filename, text in sources.items():
@@ -118,6 +118,14 @@ def interface_names(sources: dict[str, str]) -> dict[str, set[str]]:
                 and isinstance(node.args[1], ast.Constant)
             ):
                 used[aliases[node.args[0].id]].add(str(node.args[1].value))
+            if (
+                isinstance(node, ast.Call)
+                and ast.unparse(node.func) in ("user_attr", "slots.user_attr")
+                and len(node.args) >= 2
+                and all(isinstance(arg, ast.Constant) for arg in node.args[:2])
+                and node.args[0].value in used  # type: ignore[attr-defined]
+            ):
+                used[node.args[0].value].add(str(node.args[1].value))  # type: ignore[attr-defined]
     for module in used:
         used[module].discard("__file__")
     return used
@@ -255,7 +263,8 @@ def test_the_release_checks_see_renames_calls_and_notes(tmp_path):
     used = interface_names(
         {
             "train.py": "from . import model as m\nfrom .data import build_datasets\n"
-            "m.build_model_for(1, 2)\ngetattr(m, 'extra', None)\n",
+            "m.build_model_for(1, 2)\ngetattr(m, 'extra', None)\n"
+            "slots.user_attr('extensions', 'hook')\n",
             "model.py": "from .config import Config\n",
         }
     )
@@ -263,7 +272,7 @@ def test_the_release_checks_see_renames_calls_and_notes(tmp_path):
         "model": {"build_model_for", "extra"},
         "data": {"build_datasets"},
         "config": set(),
-        "extensions": set(),
+        "extensions": {"hook"},
     }
 
 

@@ -25,45 +25,22 @@ from tqdm import tqdm
 
 from . import (
     checkpoint,
+    checkpoint_state,
     distributed,
     parallel,
     rundir,
     sharded_checkpoint,
+    slots,
     step_checkpoints,
     utils,
 )
 from .checkpoint import SaveError, StopSignal
+from .checkpoint_state import Position
 from .config import Config
-from .data import ResumableSampler
-from .metrics import Meter, MetricsWriter, add_totals, peak_memory, summarize
+from .data_sources import ResumableSampler
+from .metrics import Meter, MetricsWriter, add_totals, extra_means, peak_memory, summarize
 from .mfu import Utilization
-from .task import Task, blow_up_error, cross_entropy, evaluate, step_is_finite
-
-
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW's parameter groups: weight decay on weight matrices and conv kernels (2-D and
-    more), none on biases, norms and embeddings (a tied output layer is the embedding).
-
-    Measured on the language model's default run (docs/language-model.md): 0.009 nats lower
-    validation loss than decay on everything, on each of two seeds. Each group's `decay` key
-    says which it is, so a resume can set this run's --weight-decay on the right one.
-    """
-    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    decay: list[nn.Parameter] = []
-    rest: list[nn.Parameter] = []
-    for param in model.parameters():  # each tied tensor once
-        (decay if param.ndim >= 2 and id(param) not in embeddings else rest).append(param)
-    return [
-        {"params": decay, "weight_decay": weight_decay, "decay": True},
-        {"params": rest, "weight_decay": 0.0, "decay": False},
-    ]
-
-
-def set_weight_decay(optimizer: torch.optim.Optimizer, weight_decay: float) -> None:
-    """This run's --weight-decay on the groups `param_groups` marks for decay (all of a
-    one-group optimizer's)."""
-    for group in optimizer.param_groups:
-        group["weight_decay"] = weight_decay if group.get("decay", True) else 0.0
+from .task import Task, blow_up_error, evaluate, step_is_finite
 
 
 @dataclass
@@ -92,13 +69,16 @@ class Run:
     header: str  # the one line that describes the run when it starts
     record: dict[str, Any]  # metrics.run_record: the run's first metrics line, in checkpoints
     log: Callable[[str], None]  # rundir.log on rank 0, silent elsewhere
-    # Where the run stands: saved in every checkpoint, restored by train.resume.
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # task.loss_function()
+    # Where the run stands: saved in every checkpoint (checkpoint_state.py), restored on
+    # resume, with the `@slots.state` objects (the EMA, yours) by name.
     epoch: int = 0  # the epoch to start (or resume) in
     skip_samples: int = 0  # samples of that epoch already done (per rank)
     global_step: int = 0
     best_acc: float = -1.0
     epoch_totals: dict[str, float] = field(default_factory=dict)
     result: dict[str, Any] = field(default_factory=dict)  # the last epoch's metrics
+    states: dict[str, slots.Stateful] = field(default_factory=dict)
     saver: Any = None  # step_checkpoints.Saver: --save-every, --keep-last, the background writer
 
     @property
@@ -179,12 +159,15 @@ def train_step(run: Run, batches: Iterator[Any], stop: StopSignal) -> tuple[torc
         ):
             with record_function("forward"), utils.autocast(device, precision):
                 logits, labels = run.task.outputs(model, inputs, targets)
-                loss = cross_entropy(logits, labels)
+                loss = run.loss_fn(logits, labels)
             with record_function("backward"):
                 # Average over micro-batches: the gradient of one big batch.
                 scaler.scale(loss / accum if accum > 1 else loss).backward()
         step_losses.append(loss.detach())
         meter.add_batch(step_losses[-1], logits, labels)
+        if run_metrics := slots.load().train_metrics:  # none registered: nothing to do
+            with torch.no_grad():
+                slots.batch_metrics(run_metrics, logits.detach().float(), labels, meter.extra)
 
     with record_function("optimizer"):
         grad_norm = utils.clip_gradients(
@@ -214,6 +197,7 @@ def train_step(run: Run, batches: Iterator[Any], stop: StopSignal) -> tuple[torc
         run.scheduler.step()
     run.global_step += 1
     meter.add_step(grad_norm)
+    slots.run_callbacks("after_step", run)
     return step_loss, stop_now
 
 
@@ -260,8 +244,9 @@ def end_epoch(run: Run, writer: MetricsWriter, epoch: int) -> None:
     # rank, different ones with uneven shards).
     with parallel.gathered(run.raw_model):  # FSDP: full weights, uneven shards are fine
         val = evaluate(
-            run.raw_model, run.val_loader, run.device, run.config.speed.precision, run.task
-        )
+            validation_model(run), run.val_loader, run.device, run.config.speed.precision,
+            run.task,
+        )  # fmt: skip
     train_metrics = summarize(run.epoch_totals)
     result = run.result = {
         "kind": "epoch",
@@ -276,8 +261,10 @@ def end_epoch(run: Run, writer: MetricsWriter, epoch: int) -> None:
         "samples_per_s": train_metrics["samples_per_s"],
         "data_wait": train_metrics["data_wait"],
         **run.task.metrics(train_metrics, "train_"),
+        **extra_means(run.epoch_totals, "train_"),
         **peak_memory(run.device),
     }
+    slots.run_callbacks("after_validation", run)
     writer.write({**result, "step": run.global_step})
     improved = val["val_acc"] > run.best_acc
     run.best_acc = max(run.best_acc, val["val_acc"])
@@ -295,25 +282,18 @@ def end_epoch(run: Run, writer: MetricsWriter, epoch: int) -> None:
         writer.write({**best, "val_acc": run.best_acc, "path": str(run.best_path)})
 
 
+def validation_model(run: Run) -> nn.Module:
+    """What validation evaluates: the last `@slots.validation_model` that gives one (the EMA
+    with --ema-decay), else the unwrapped trained model."""
+    chosen = run.raw_model
+    for pick in slots.load().validation_models:
+        chosen = pick(run) or chosen
+    return chosen
+
+
 def snapshot(run: Run, epoch: int, samples_in_epoch: int, totals: dict[str, float]) -> dict:
-    """Everything needed to continue exactly from here (model saved unwrapped; in a sharded
-    checkpoint, model and optimizer are the shards beside this)."""
-    return {
-        "format": checkpoint.FORMAT_VERSION,
-        "model": {} if run.sharded else run.raw_model.state_dict(),
-        "optimizer": {} if run.sharded else run.optimizer.state_dict(),
-        "scheduler": run.scheduler.state_dict(),
-        "scaler": run.scaler.state_dict(),
-        "rng": checkpoint.capture_rng_state(run.device),
-        "epoch": epoch,
-        "samples_in_epoch": samples_in_epoch,
-        "step": run.global_step,
-        "best_val_acc": run.best_acc,
-        "epoch_totals": totals,
-        "metrics": run.result,
-        "config": run.config.flat(),
-        "run": run.record,
-    }
+    """Everything needed to continue exactly from here (checkpoint_state.py's parts)."""
+    return checkpoint_state.snapshot(run, Position(epoch, samples_in_epoch, totals))
 
 
 def save_checkpoint(
@@ -325,6 +305,7 @@ def save_checkpoint(
     refusal or a failed write stops all ranks together.
     """
     device, last_path, best_path = run.device, run.last_path, run.best_path
+    slots.run_callbacks("before_save", run)
     bad = checkpoint.first_nonfinite(run.raw_model)
     if bad is None and not math.isfinite(val_loss):
         bad = f"validation loss ({val_loss})"

@@ -41,6 +41,7 @@ class Meter:
         self.correct = torch.zeros((), device=self.device)
         self.grad_norm = torch.zeros((), device=self.device)
         self.finite_steps = torch.zeros((), device=self.device)
+        self.extra: dict[str, torch.Tensor] = {}  # `@slots.train_metric` sums, by name
         self.batches = 0  # host counters: known without asking the device
         self.samples = 0
         self.steps = 0
@@ -72,11 +73,12 @@ class Meter:
                 torch.tensor(float(self.batches), device=self.device),
                 torch.tensor(float(self.samples), device=self.device),
                 torch.tensor(self.data_time, device=self.device),
+                *(self.extra[name] for name in sorted(self.extra)),
             ]
         )
-        loss, correct, grad_norm, finite, batches, samples, data_time = distributed.all_reduce(
-            values
-        ).tolist()
+        loss, correct, grad_norm, finite, batches, samples, data_time, *extra = (
+            distributed.all_reduce(values).tolist()
+        )
         # Every rank holds the same (all-reduced) gradient norm and skips the same steps;
         # data time is averaged.
         return {
@@ -89,11 +91,16 @@ class Meter:
             "steps": self.steps,
             "data_time": data_time / self.world_size,
             "elapsed": elapsed,
+            **{EXTRA + name: total for name, total in zip(sorted(self.extra), extra, strict=True)},
         }
 
 
+EXTRA = "metric:"  # a registered training metric's sum in Meter.read's totals
+
+
 def summarize(totals: dict[str, float]) -> dict[str, float]:
-    """Turn summed counters (from `Meter.read`, possibly added up) into reported metrics."""
+    """Turn summed counters (from `Meter.read`, possibly added up) into reported metrics: the
+    template's, then each registered training metric's mean per sample, under its name."""
     batches, samples = max(totals["batches"], 1), max(totals["samples"], 1)
     finite = totals.get("finite_steps", totals["steps"])
     elapsed = max(totals["elapsed"], 1e-9)
@@ -106,7 +113,15 @@ def summarize(totals: dict[str, float]) -> dict[str, float]:
         "skipped_steps": totals["steps"] - finite,
         "samples_per_s": totals["samples"] / elapsed,
         "data_wait": totals["data_time"] / elapsed,
+        **extra_means(totals),
     }
+
+
+def extra_means(totals: dict[str, float], prefix: str = "") -> dict[str, float]:
+    """Each registered training metric's mean per sample, by `prefix` + its name."""
+    samples = max(totals["samples"], 1)
+    found = {key[len(EXTRA) :]: value for key, value in totals.items() if key.startswith(EXTRA)}
+    return {prefix + name: value / samples for name, value in found.items()}
 
 
 def add_totals(into: dict[str, float], more: dict[str, float]) -> dict[str, float]:

@@ -41,7 +41,7 @@ from tqdm import tqdm
 from . import distributed, sharded_checkpoint
 from .checkpoint import CheckpointError, SaveError
 from .config import ConfigError
-from .data import DataError
+from .data_sources import DataError
 from .stopping import Interrupted, Stopped, stop_signals_raise
 from .utils import NonFiniteLossError
 

@@ -43,7 +43,7 @@ from . import rundir
 from .checkpoint import CheckpointError, Interrupted, resolve_resume
 from .config import Config, ConfigError, load_toml, to_toml
 from .config_parsing import leaf_fields, read_toml
-from .data import DataError
+from .data_sources import DataError
 from .task import task_for
 from .train import train
 

@@ -8,8 +8,8 @@ logits are (N, C) for N labels. A language model's (B, T, V) logits are flattene
 there: for that task a "sample" in metrics.jsonl is a token.
 
 This module also holds the pieces of a training step that follow from that interface
-(`cross_entropy`, `evaluate`, the diagnosis of a blown-up step) and the one call into the
-user's model.py (`build_model_for`).
+(`cross_entropy`, `evaluate`, the diagnosis of a blown-up step) and where the template builds
+the datasets and the model from what your files register (slots.py).
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from . import data, distributed, extensions, images, mfu, parallel, utils
-from . import model as user_model
+from . import data_sources, distributed, images, mfu, parallel, slots, utils
 from .config import Config, ConfigError
-from .data import DataInfo
+from .data_sources import DataInfo, Datasets
 
 
 class Task:
@@ -44,7 +43,7 @@ class Task:
     def datasets(self, config: Config) -> tuple[Dataset[Any], Dataset[Any], DataInfo]:
         """(train, validation, info) from data.py, the training images augmented (--augment)
         and the per-channel normalisation measured on them (images.py)."""
-        train, val, info = data.build_datasets(config)
+        train, val, info = build_datasets(config)
         train, self.dataset_record = images.prepare(config, train, info, self)
         return train, val, info
 
@@ -95,17 +94,28 @@ def task_for(config: Config) -> Task:
     return task
 
 
+def build_datasets(config: Config) -> Datasets:
+    """(train, validation, info): data.py's `build_datasets` where yours has one, else the
+    first of data.py's `SOURCES` and then the template's (data_sources.py) that takes it."""
+    custom = slots.user_attr("data", "build_datasets")
+    if custom is not None:
+        result: Datasets = custom(config)
+        return result
+    sources = [*slots.user_attr("data", "SOURCES", []), *data_sources.SOURCES]
+    return data_sources.first_source(config, sources)
+
+
 def build_model_for(config: Config, info: DataInfo) -> nn.Module:
-    """`model.build_model_for(config, info)`: the one call template-owned code makes into the
-    user's model.py (docs/updating.md of the template, "The interface"). A model.py written
-    before it existed gets one line saying what to add, not an ImportError."""
-    builder = getattr(user_model, "build_model_for", None)
+    """The model `--model` names, for the dataset's shapes: one registered with
+    `@slots.model` (model.py, extensions.py), else the built-in ones of model.py's
+    `build_model_for(config, info)`. Template code builds every model here."""
+    spec = slots.load().models.get(config.model.model)
+    builder = spec.build if spec is not None else slots.user_attr("model", "build_model_for")
     if builder is None:
         raise ConfigError(
-            f"{user_model.__file__} has no build_model_for(config, info), which train.py and "
-            "benchmark.py call since the release after copier-pytorch v0.1.0: add it, "
-            "returning build_model(...) with your arguments (the template's CHANGELOG, "
-            "Upgrade notes)"
+            f"--model {config.model.model}: no model is registered under that name "
+            "(@slots.model in model.py) and model.py has no build_model_for(config, info) for "
+            "the built-in ones (the template's CHANGELOG, Upgrade notes)"
         )
     model = builder(config, info)
     if config.speed.channels_last:
@@ -117,6 +127,12 @@ def build_model_for(config: Config, info: DataInfo) -> nn.Module:
                 if param.dim() == 4:
                     param.data = param.data.contiguous(memory_format=torch.channels_last)
     return model
+
+
+def loss_function() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The loss training and validation use: the `@slots.loss` registered, else
+    `cross_entropy`. (logits, targets) -> the batch's mean loss."""
+    return slots.load().loss or cross_entropy
 
 
 def cross_entropy(
@@ -163,21 +179,21 @@ def evaluate(
     """Mean loss and accuracy over `loader`, summed across ranks (each holds a shard), plus
     the task's own metrics (`val_bpb` for a language model) and the user's (extensions.py)."""
     task = task or Task()
+    loss_fn, metric_fns = loss_function(), slots.val_metrics()
     with utils.evaluation_mode(model):
         loss_sum = torch.zeros((), device=device)
         correct = torch.zeros((), device=device)
-        extra: dict[str, torch.Tensor] = {}  # extensions.extra_metrics' sums, by name
+        extra: dict[str, torch.Tensor] = {}  # the validation metrics' sums, by name
         count = 0
         for batch in loader:
             inputs, targets = utils.to_device(tuple(batch), device)
             with utils.autocast(device, precision):
                 logits, targets = task.outputs(model, inputs, targets)
             # In float32: bf16/fp16 logits outside autocast would give a quantised sum.
-            loss_sum += cross_entropy(logits.float(), targets, reduction="sum")
+            loss_sum += summed_loss(loss_fn, logits.float(), targets)
             correct += (logits.argmax(1) == targets).sum()
             count += targets.shape[0]
-            for name, value in extensions.extra_metrics(logits.float(), targets).items():
-                extra[name] = extra.get(name, 0) + torch.as_tensor(value, device=device).float()
+            slots.batch_metrics(metric_fns, logits.float(), targets, extra)
         names = sorted(extra)
         sums = [loss_sum, correct, torch.tensor(float(count), device=device)]
         totals = torch.stack([*sums, *(extra[name] for name in names)])
@@ -186,11 +202,22 @@ def evaluate(
     for name, total in zip(names, extra_sums, strict=True):
         if f"val_{name}" in result:
             raise ConfigError(
-                f"extensions.extra_metrics returns {name!r}, the template's own val_{name}: "
-                "rename yours"
+                f"a validation metric (slots.val_metric, extensions.py) returns {name!r}, the "
+                f"template's own val_{name}: rename yours"
             )
         result[f"val_{name}"] = total / max(seen, 1)
     return {**result, **task.metrics({"loss": result["val_loss"]}, "val_")}
+
+
+def summed_loss(
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+) -> torch.Tensor:
+    """A batch's summed loss: cross-entropy's own sum, a registered loss's mean times N."""
+    if loss_fn is cross_entropy:
+        return cross_entropy(logits, targets, reduction="sum")
+    return loss_fn(logits, targets) * targets.shape[0]
 
 
 def blow_up_error(
@@ -215,7 +242,7 @@ def blow_up_error(
     def rerun() -> None:
         for inputs, targets in micro_batches:
             with utils.autocast(device, precision):
-                rerun_loss = cross_entropy(*task.outputs(model, inputs, targets))
+                rerun_loss = loss_function()(*task.outputs(model, inputs, targets))
             rerun_loss.backward()
 
     if parallel.is_sharded(model):

@@ -13,8 +13,10 @@ optimizer, schedule, scaler), `resume`, and in loop.py `train_step` (micro-batch
 accumulation, clipping, the health check), `log_progress`, `end_epoch`, `save_checkpoint`.
 They share one plain record, `loop.Run`, instead of the methods of a Trainer class (as in
 torchtitan's `Trainer.train_step`): what a function reads and changes is in its arguments, a
-test can run one step alone, and there is no class to subclass to change one part: edit that
-function (docs/template.md, "Where to change what").
+test can run one step alone, and there is no class to subclass. To change a part (the model,
+loss, optimizer, schedule, a metric, a callback, extra state), register yours in model.py or
+extensions.py (slots.py): this file stays the template's (docs/template.md, "Where to change
+what").
 
 Every step labels its phases with `record_function` ("data", "forward", "backward",
 "optimizer", and "sync" for the step's one host sync), so a profiler trace shows where the
@@ -27,7 +29,6 @@ stopped by signal N after saving. docs/reliability.md lists every fault and how 
 from __future__ import annotations
 
 import contextlib
-import math
 import signal
 from collections.abc import Callable
 from functools import partial
@@ -40,18 +41,19 @@ from torch.utils.data import DataLoader
 
 from . import (
     checkpoint,
+    checkpoint_state,
     distributed,
     finetune,
-    loop,
     parallel,
     rundir,
     sharded_checkpoint,
+    slots,
     step_checkpoints,
     utils,
 )
 from .checkpoint import Interrupted
 from .config import Config, ConfigError, parse_config
-from .data import DataInfo, ResumableSampler, shard
+from .data_sources import DataInfo, ResumableSampler, shard
 from .loop import (
     Run,
     begin_epoch,
@@ -63,9 +65,9 @@ from .loop import (
 )
 from .metrics import Meter, MetricsWriter, run_record
 from .mfu import Utilization
-from .task import Task, build_model_for, evaluate, task_for
+from .task import Task, build_model_for, evaluate, loss_function, task_for
 
-__all__ = ["build_model_for", "build_run", "evaluate", "lr_factor", "main", "resume", "train"]
+__all__ = ["build_model_for", "build_run", "evaluate", "main", "resume", "train"]
 
 
 def train(
@@ -176,10 +178,7 @@ def build_run(config: Config, cleanup: contextlib.ExitStack) -> Run:
     cleanup.callback(utils.close_workers, train_loader, val_loader)  # even on an error
     raw_model, model, compile_on, utilization = _build_model(config, task, info, ctx, log)
     optimizer = build_optimizer(config, raw_model, device)
-    total_steps = config.optim.epochs * steps_per_epoch
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, partial(lr_factor, warmup=config.optim.warmup_steps, total=total_steps)
-    )
+    scheduler = build_scheduler(config, optimizer, config.optim.epochs * steps_per_epoch)
     scaler = utils.make_grad_scaler(device, config.speed.precision)  # enabled for fp16 only
     samples = len(train_loader.dataset)  # type: ignore[arg-type]  # a Dataset need not be Sized
     convs = [p for p in raw_model.parameters() if p.dim() == 4]  # --channels-last's
@@ -190,13 +189,18 @@ def build_run(config: Config, cleanup: contextlib.ExitStack) -> Run:
         + (" | channels-last" if config.speed.channels_last and convs else "")
         + (" | FSDP2" if parallel.is_sharded(raw_model) else "")
     )
-    return Run(
+    run = Run(
         config=config, ctx=ctx, task=task, raw_model=raw_model, model=model,
         optimizer=optimizer, scheduler=scheduler, scaler=scaler, sampler=sampler,
         train_loader=train_loader, val_loader=val_loader, meter=Meter(device, ctx.world_size),
         utilization=utilization, steps_per_epoch=steps_per_epoch, header=header,
         record={**run_record(config.flat(), device, ctx.world_size), **task.record()}, log=log,
+        loss_fn=loss_function(),
     )  # fmt: skip
+    # Each `@slots.state` (the EMA, yours) made once, from the built run; None: kept off.
+    made = {name: factory(run) for name, factory in slots.load().states.items()}
+    run.states = {name: part for name, part in made.items() if part is not None}
+    return run
 
 
 def _build_data(
@@ -295,19 +299,40 @@ def _build_model(
 def build_optimizer(
     config: Config, model: nn.Module, device: torch.device
 ) -> torch.optim.Optimizer:
-    """AdamW, weight decay on matrices only (`loop.param_groups`); fused, it updates every
-    parameter in a few kernels instead of several each."""
+    """The `@slots.optimizer` registered, else AdamW with weight decay on matrices only
+    (`slots.param_groups`); fused, it updates every parameter in a few kernels instead of
+    several each."""
+    custom = slots.load().optimizer
+    if custom is not None:
+        optimizer: torch.optim.Optimizer = custom(config, model, device)
+        return optimizer
     return torch.optim.AdamW(
-        loop.param_groups(model, config.optim.weight_decay),
+        slots.param_groups(model, config.optim.weight_decay),
         lr=config.optim.lr,
         weight_decay=config.optim.weight_decay,
         fused=device.type == "cuda",
     )
 
 
+def build_scheduler(
+    config: Config, optimizer: torch.optim.Optimizer, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """`--lr-schedule`'s factor (schedules.py, or one registered with `@slots.schedule`) times
+    --lr at each optimizer step, for a run of `total_steps`."""
+    factor = slots.load().schedules[config.optim.lr_schedule]
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, partial(_scheduled, factor=factor, total=total_steps, config=config)
+    )
+
+
+def _scheduled(step: int, *, factor: Callable[..., float], total: int, config: Config) -> float:
+    return float(factor(step, total, config))
+
+
 def resume(run: Run) -> bool:
-    """Continue from --resume's checkpoint, if any: weights, optimizer, schedule, scaler, RNG
-    and where the run stood. Returns whether it resumed."""
+    """Continue from --resume's checkpoint, if any: every part checkpoint_state.py lists
+    (weights, optimizer, schedule, scaler, RNG, where the run stood, each `@slots.state`).
+    Returns whether it resumed."""
     config, device = run.config, run.device
     run_dir = Path(config.run.run_dir)
     resume_path = checkpoint.resolve_resume(config.run.resume, run_dir)
@@ -322,34 +347,12 @@ def resume(run: Run) -> bool:
     )
     checkpoint.check_compatible(state, config.flat(), resume_path)
     run.task.check_resume(state, config, resume_path, run.log)  # the LM's corpus
-    # A sharded folder loads onto however many ranks this run has (resharding).
-    optimizer, scheduler = run.optimizer, run.scheduler
-    sharded_checkpoint.load_model_and_optimizer(resume_path, state, run.raw_model, optimizer)
-    for target, key in ((scheduler, "scheduler"), (run.scaler, "scaler")):
-        checkpoint.load_state_into(target, state[key], key, resume_path)
-    # The checkpoint says where in the schedule we are; this run's flags say what the
-    # schedule is (as in nanoGPT): a resumed run honours a changed --lr or --epochs.
-    scheduler.base_lrs = [config.optim.lr for _ in optimizer.param_groups]
-    for group in optimizer.param_groups:
-        group["lr"] = config.optim.lr * scheduler.lr_lambdas[0](scheduler.last_epoch)
-    loop.set_weight_decay(optimizer, config.optim.weight_decay)
-    checkpoint.restore_rng_state(state["rng"], device)
-    run.epoch, run.skip_samples = state["epoch"], state["samples_in_epoch"]
-    run.global_step, run.best_acc = state["step"], state.get("best_val_acc", -1.0)
-    run.epoch_totals = dict(state.get("epoch_totals", {}))
-    run.result = dict(state.get("metrics", {}))
+    checkpoint_state.restore(run, state, resume_path)  # every part of checkpoint_state.py
     if run.ctx.is_main:  # steps after the checkpoint will be redone: not recorded twice
         rundir.trim_metrics(run_dir / "metrics.jsonl", run.global_step)
     run.log(f"resumed from {resume_path}: epoch {run.epoch + 1}, step {run.global_step}")
+    slots.run_callbacks("after_resume", run)
     return True
-
-
-def lr_factor(step: int, *, warmup: int, total: int) -> float:
-    """Linear warmup to the peak, then cosine decay to zero at `total` steps."""
-    if step < warmup:
-        return (step + 1) / (warmup + 1)
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def _check_precision(precision: str, device: torch.device) -> None:

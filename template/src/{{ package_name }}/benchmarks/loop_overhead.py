@@ -11,7 +11,6 @@ own, while four lockstep runs read 0.994, 1.034, 1.019 and 1.015.
 from __future__ import annotations
 
 import contextlib
-import functools
 import io
 import math
 import shutil
@@ -20,11 +19,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
-import torch.nn.functional as F
-
 from .. import utils
 from ..config import Config
+from ..task import loss_function
 from ..train import build_model_for  # model.build_model_for, or one line on what to add
 from .timing import (
     Context,
@@ -115,7 +112,7 @@ def _bare_loop(ctx: Context, schedule_steps: int, workers: int) -> tuple[Callabl
     learning-rate schedule as train() (a different schedule gives different weights, and on a
     CPU the values can change the speed); no logging, metrics or checkpoints.
     """
-    from ..train import lr_factor
+    from ..train import build_scheduler
 
     config = ctx.config
     utils.seed_everything(config.run.seed)
@@ -123,10 +120,8 @@ def _bare_loop(ctx: Context, schedule_steps: int, workers: int) -> tuple[Callabl
     model = build_model_for(config, ctx.info).to(ctx.device)
     model.train()
     optimizer = make_optimizer(model, config, ctx.device)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        functools.partial(lr_factor, warmup=config.optim.warmup_steps, total=schedule_steps),
-    )
+    scheduler = build_scheduler(config, optimizer, schedule_steps)
+    loss_fn = loss_function()  # the registered loss (slots.py), as train() uses
     scaler = utils.make_grad_scaler(ctx.device, config.speed.precision)
     batches = endless(loader)
 
@@ -135,7 +130,7 @@ def _bare_loop(ctx: Context, schedule_steps: int, workers: int) -> tuple[Callabl
             inputs, targets = utils.to_device(next(batches), ctx.device)
             with utils.autocast(ctx.device, config.speed.precision):
                 logits, labels = ctx.task.outputs(model, inputs, targets)
-                loss = F.cross_entropy(logits, labels) / config.optim.grad_accum_steps
+                loss = loss_fn(logits, labels) / config.optim.grad_accum_steps
             scaler.scale(loss).backward()
         if config.optim.grad_clip is not None:
             utils.clip_gradients(

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .. import utils
 from ..config import Config
-from ..data import DataInfo
+from ..data_sources import DataInfo
 from ..task import Task
 from ..train import build_optimizer
 

@@ -11,7 +11,7 @@ from typing import Any
 from torch.utils.data import Dataset
 
 from .. import utils
-from ..data import build_datasets
+from ..task import build_datasets
 from .timing import Context, Skip, endless, fmt_timing, measure, quartiles, train_loader
 
 
