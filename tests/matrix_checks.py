@@ -1,6 +1,7 @@
 """What the matrix asks of one render (tests/test_matrix.py, tests/test_matrix_slow.py): it
 installs, its CPU suite passes, and it trains one epoch from outside its own folder. One render
-(matrix.USER_DEFAULTS_RENDER) has its config.py defaults changed first, as a user would.
+(matrix.USER_DEFAULTS_RENDER) is first made the user's, as the docs invite: config.py's
+defaults changed, model.py's architectures replaced, a metric added in extensions.py.
 
 The slow render has a module of its own so that pytest-xdist, which keeps a module on one
 worker, runs its long suite beside the other renders instead of after them.
@@ -48,14 +49,116 @@ def change_defaults(project: Path, defaults: dict[str, str]) -> None:
     config.write_text(text)
 
 
+# ---- A user's own model and metric (issue 35): the generated tests hold for any model ----
+# USER_DEFAULTS_RENDER's suite runs after model.py's architectures were replaced by a user's
+# (other parameter names: stem, blocks, head, embed, out; other norms; another width rule) and
+# extensions.py gained a metric, as the docs invite. Only tests/test_model.py, the default
+# model's own tests (the user deletes or rewrites it), is left out. The edit to model.py is one
+# string transformation, `make_model_yours`: point it at the new place (a registry) when
+# model.py changes; it must keep replacing what `build_model_for` builds.
+
+USER_MODEL = """
+
+
+class Block(nn.Module):
+    \"\"\"A residual block: two convolutions, a BatchNorm and a GroupNorm, a skip.\"\"\"
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(width, width, 3, padding=1)
+        self.norm1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, padding=1)
+        self.norm2 = nn.GroupNorm(1, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.norm1(self.conv1(x)))
+        return torch.relu(x + self.norm2(self.conv2(y)))
+
+
+class TinyResNet(nn.Module):
+    \"\"\"A user's convolutional net: a stem, residual blocks, a head.\"\"\"
+
+    def __init__(self, in_channels: int, num_classes: int, width: int, dropout: float) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, padding=1), nn.ReLU())
+        self.blocks = nn.ModuleList([Block(width), Block(width)])
+        self.drop = nn.Dropout(dropout)
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.drop(x.mean(dim=(2, 3))))
+
+
+class Mixer(nn.Module):
+    \"\"\"A user's fully connected net: other names, a LayerNorm, no BatchNorm.\"\"\"
+
+    def __init__(self, in_features: int, num_classes: int, width: int, dropout: float) -> None:
+        super().__init__()
+        self.embed = nn.Linear(in_features, width)
+        self.norm = nn.LayerNorm(width)
+        self.drop = nn.Dropout(dropout)
+        self.out = nn.Linear(width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.drop(torch.relu(self.norm(self.embed(x.flatten(1))))))
+
+
+def build_model(
+    name: str, *, in_channels: int, image_size: int, num_classes: int, width: int, dropout: float
+) -> nn.Module:
+    \"\"\"The user's models, under the names --model accepts.\"\"\"
+    if name == "cnn":
+        return TinyResNet(in_channels, num_classes, width, dropout)
+    return Mixer(in_channels * image_size * image_size, num_classes, 2 * width, dropout)
+
+"""
+
+USER_METRIC = """
+def extra_metrics(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    \"\"\"A user's metric: top-2 hits, summed over the batch.\"\"\"
+    hits = logits.topk(min(2, logits.shape[1]), 1).indices == targets[:, None]
+    return {"top2": hits.any(1).sum()}
+"""
+
+
+def make_model_yours(text: str) -> str:
+    """model.py with the user's classes and `build_model` in place of the template's: every
+    line from the first `class` to `def build_model_for(` is replaced; `build_model_for` stays
+    (it calls `build_model` with the config's and the data's arguments)."""
+    start, end = text.find("\n\n\nclass "), text.find("\ndef build_model_for(")
+    assert 0 <= start < end, "model.py: no classes before build_model_for to replace"
+    return text[:start] + USER_MODEL + text[end:]
+
+
+def add_a_metric(text: str) -> str:
+    """extensions.py with `extra_metrics` returning a metric instead of none."""
+    start = text.find("\ndef extra_metrics(")
+    end = text.find("\n    return {}\n", start)
+    assert 0 <= start < end, "extensions.py: no `extra_metrics` returning {} to replace"
+    return text[:start] + USER_METRIC + text[end + len("\n    return {}\n") :]
+
+
+def make_it_yours(project: Path) -> None:
+    (model,) = project.glob("src/*/model.py")
+    model.write_text(make_model_yours(model.read_text()))
+    (extensions,) = project.glob("src/*/extensions.py")
+    extensions.write_text(add_a_metric(extensions.read_text()))
+
+
 def installs_and_passes_its_cpu_suite(project: Path, name: str) -> None:
+    tests = list(PARTIAL_SUITES.get(name, []))
     if name == USER_DEFAULTS_RENDER:
         change_defaults(project, USER_DEFAULTS)
+        make_it_yours(project)
+        tests += ["--ignore", "tests/test_model.py"]  # the default model's own tests
     check_project(
         project,
         slow=name == SLOW_RENDER,
         python_version=MATRIX[name]["python_version"],
-        tests=PARTIAL_SUITES.get(name, []),
+        tests=tests,
     )
     if name in SLOW_FILES:  # the slow tests only this render has
         run_project_suite(project, *SLOW_FILES[name], markers="not gpu and slow")

@@ -1,11 +1,12 @@
 """The language-model render's suite catches realistic bugs in its own modules.
 
 As tests/test_package_mutations.py does for the image render, but for the modules only a
-`task: lm` project has: the transformer (`model.py`), the corpus and its task (`text.py`) and
-the sampler (`generate.py`). Each bug is one a review can miss: attention that sees the
-future, targets that are not the next byte, validation taken from the head of the corpus,
-bits per byte left in nats, a sampler whose greedy choice is the least likely byte. Each must
-fail the generated tests named with it; every target must match its module exactly once.
+`task: lm` project has: the transformer (`model.py`), the corpus and its task (`text.py`),
+the sampler (`generate.py`) and the compression comparison (`compress.py`). Each bug is one
+a review can miss: attention that sees the future, targets that are not the next byte,
+validation taken from the head of the corpus, bits per byte left in nats, a sampler whose
+greedy choice is the least likely byte, bytes scored twice by compress. Each must fail the
+generated tests named with it; every target must match its module exactly once.
 """
 
 from __future__ import annotations
@@ -64,6 +65,13 @@ MUTATIONS = [
     bug("lm-save-every-never-saves-mid-epoch", "step_checkpoints.py",
         "if step_in_epoch + 1 >= run.steps_per_epoch:", "if True:",
         "test_step_checkpoints.py", "sigkill or keep_last_keeps"),
+    # ---- compress.py: each byte scored once, for any stride (issue 36's outside review) ----
+    bug("lm-compress-scores-the-wrong-tail-off-half-stride", "compress.py",
+        "scored[:, seq_len - stride :] = True", "scored[:, stride:] = True",
+        TESTS, "any_stride_by_hand"),
+    bug("lm-compress-drops-the-first-window-s-head", "compress.py",
+        "            scored[batch == 0] = True", "            pass",
+        TESTS, "any_stride_by_hand"),
 ]  # fmt: skip
 
 
@@ -84,7 +92,8 @@ def outcomes(
 def test_every_lm_only_module_has_mutations(rendered_project: Path) -> None:
     assert (rendered_project / "tests" / TESTS).is_file()
     assert len({mutation.name for mutation in MUTATIONS}) == len(MUTATIONS)
-    assert {mutation.module for mutation in MUTATIONS} >= {"model.py", "text.py", "generate.py"}
+    modules = {"model.py", "text.py", "generate.py", "compress.py"}
+    assert {mutation.module for mutation in MUTATIONS} >= modules
     assert (rendered_project / "src" / PACKAGE / "text.py").is_file()
 
 
