@@ -45,6 +45,7 @@ from . import distributed, sharded_checkpoint
 from .checkpoint import CheckpointError, SaveError
 from .config import ConfigError
 from .data import DataError
+from .files import PathError, WriteError
 from .stopping import Interrupted, Stopped, stop_signals_raise
 from .utils import NonFiniteLossError
 
@@ -316,14 +317,14 @@ def exit_code(run: Callable[[], object], *, kept: str = "checkpoints are as last
     """Call `run` and turn the known ways it can end into one line on stderr and an exit code.
 
     0 done (or `run`'s own int); 1 the training blew up (nothing non-finite was saved); 2 bad
-    input: flags, data, a checkpoint, or a run dir in use or holding another run; 74 a
-    checkpoint (or the metrics file, or an output: `kept` says what survives) could not be
-    written; 128+N stopped by signal N (after saving, in training).
+    input: flags, data, a checkpoint, a path (`files.PathError`), or a run dir in use or
+    holding another run; 74 a checkpoint (or the metrics file, or an output: `kept` says what
+    survives) could not be written; 128+N stopped by signal N (after saving, in training).
     """
     try:
         with stop_signals_raise():
             result = run()
-    except (ConfigError, DataError, CheckpointError, RunDirError) as error:
+    except (ConfigError, DataError, CheckpointError, RunDirError, PathError) as error:
         safe_print(f"error: {one_line(error)}", file=sys.stderr)
         return 2
     except NonFiniteLossError as error:
@@ -340,10 +341,11 @@ def exit_code(run: Callable[[], object], *, kept: str = "checkpoints are as last
             file=sys.stderr,
         )
         return 128 + signum
-    except OSError as error:  # SaveError, or a full or read-only disk under metrics.jsonl
-        if not isinstance(error, SaveError) and error.errno not in WRITE_ERRNOS:
+    except OSError as error:  # SaveError, WriteError, a full or read-only disk under metrics
+        written = isinstance(error, (SaveError, WriteError))
+        if not written and error.errno not in WRITE_ERRNOS:
             raise
-        cause = error if isinstance(error, SaveError) else f"{error}; {kept}"
+        cause = error if written else f"{error}; {kept}"
         safe_print(f"error: {cause}", file=sys.stderr)
         return EXIT_IO_ERROR
     finally:
