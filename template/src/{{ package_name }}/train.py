@@ -302,7 +302,10 @@ def resume(run: Run) -> bool:
     run.task.check_resume(state, config, resume_path, run.log)  # the LM's corpus
     # A sharded folder loads onto however many ranks this run has (resharding).
     optimizer, scheduler = run.optimizer, run.scheduler
+    kernels = [{k: g[k] for k in ("fused", "foreach") if k in g} for g in optimizer.param_groups]
     sharded_checkpoint.load_model_and_optimizer(resume_path, state, run.raw_model, optimizer)
+    for group, own in zip(optimizer.param_groups, kernels, strict=True):  # this run's kernels,
+        group.update(own)  # not the saving machine's (a CPU checkpoint on CUDA runs fused)
     for target, key in ((scheduler, "scheduler"), (run.scaler, "scaler")):
         checkpoint.load_state_into(target, state[key], key, resume_path)
     # The checkpoint says where in the schedule we are; this run's flags say what the
