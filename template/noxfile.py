@@ -174,6 +174,8 @@ def gpu_rehearsal(session: nox.Session) -> None:
     _run_steps(session, "CPU rehearsal (device cpu, sizes shrunk)", python, steps, env)
 
 
+# Where the GPU session's steps write; each session starts it afresh (`_run_steps`).
+GPU_CHECK_RUNS = Path("runs", "gpu-check")
 # The data of the GPU session's training runs (also read by the profiler, tune, benchmark).
 GPU_SIZES = ["--epochs", "1", "--max-steps-per-epoch", "30", "--train-samples", "4096",
              "--val-samples", "500"]  # fmt: skip
@@ -202,7 +204,7 @@ def _gpu_steps(
     `--tracker none`: the checks measure training, not a tracker; the project's default
     tracker may lack its package, or upload runs where a key is set.
     """
-    out = Path("runs", "gpu-check")
+    out = GPU_CHECK_RUNS
     small = ["--device", device, *shrink.get("train", []), "--progress", "false",
              "--tracker", "none"]  # fmt: skip
     train = ["-m", f"{package}.train", *small]
@@ -235,7 +237,15 @@ def _gpu_steps(
 def _run_steps(
     session: nox.Session, report: str, python: str, steps: dict[str, list[str]], env: dict[str, str]
 ) -> None:
-    """Run every step (a failure does not stop the next), print the summary, fail if any did."""
+    """Run every step (a failure does not stop the next), print the summary, fail if any did.
+
+    The previous session's runs are removed first: the training steps write fixed run
+    folders (which the run-dir guard would refuse without --resume), and `generate` must
+    sample from this session's checkpoint, never a stale one.
+    """
+    if GPU_CHECK_RUNS.exists():
+        session.log(f"removing the previous GPU checks' runs: {GPU_CHECK_RUNS}")
+        shutil.rmtree(GPU_CHECK_RUNS)
     results = [_timed(session, name, [python, *args], env) for name, args in steps.items()]
     session.log(_summary(report, results))
     failed = [name for name, ok, _ in results if not ok]

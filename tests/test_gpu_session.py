@@ -4,7 +4,9 @@ CPU wheel), and the project's runs the interpreter that runs nox, not PATH's `py
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -86,3 +88,38 @@ def test_no_venv_names_a_missing_dependency_before_running_anything(project, tmp
     assert code != 0, output
     assert "lacks: tyro" in output and "--no-venv uses the python running nox" in output
     assert NO_CUDA not in output and "-m copier copy" not in output
+
+
+class _Session:
+    """What `_run_steps` asks of a nox session: runs each command, records the log."""
+
+    def __init__(self) -> None:
+        self.logs: list[str] = []
+
+    def log(self, message: str) -> None:
+        self.logs.append(message)
+
+    def run(self, *command: str, env: dict[str, str], external: bool) -> None:
+        subprocess.run(command, check=True, env={**os.environ, **env})
+
+    def error(self, message: str) -> None:
+        raise AssertionError(message)
+
+
+def test_a_second_gpu_session_starts_from_fresh_run_folders(tmp_path, monkeypatch):
+    """The steps write fixed run folders without --resume, so the second `nox -s gpu` in a
+    project was refused by the run-dir guard at every training step, and `generate` passed on
+    the first session's last.pt. Each session now removes the previous one's runs first."""
+    spec = importlib.util.spec_from_file_location(
+        "project_noxfile", ROOT / "template" / "noxfile.py"
+    )
+    noxfile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(noxfile)
+    monkeypatch.chdir(tmp_path)
+    stale = tmp_path / "runs" / "gpu-check" / "compile-default" / "checkpoints" / "last.pt"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"the previous session's checkpoint")
+    check = "import pathlib, sys; sys.exit(pathlib.Path(sys.argv[1]).exists())"
+    steps = {"no stale checkpoint": ["-c", check, str(stale)]}
+    noxfile._run_steps(_Session(), "test", sys.executable, steps, {})
+    assert not (tmp_path / "runs" / "gpu-check").exists()

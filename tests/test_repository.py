@@ -191,3 +191,22 @@ def test_the_repository_has_a_license_the_readme_names():
     section = readme.split("\n## License\n", 1)[1]
     assert "[MIT No Attribution license](LICENSE)" in section
     assert "`license` question" in section
+
+
+def test_the_readme_s_table_of_questions_lists_every_question():
+    """A question missing from the README's table (`task` was) is one a newcomer never hears
+    of; a question copier no longer asks (`when: false`) is not listed."""
+    questions = yaml.safe_load((ROOT / "copier.yml").read_text())
+    asked = {
+        name
+        for name, spec in questions.items()
+        if not name.startswith("_")
+        and isinstance(spec, dict)
+        and "type" in spec
+        and spec.get("when") is not False
+    }
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("## The questions", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `(\w+)`(?:, `(\w+)`)?", table, re.M))
+    names = {name for pair in listed for name in pair if name}
+    assert asked == names

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -236,17 +237,22 @@ def checked_config(config: Any, path: Path) -> Any:
 
 
 def load_checkpoint(
-    path: Path, map_location: torch.device | str = "cpu", epoch_samples: int | None = None
+    path: Path,
+    map_location: torch.device | str = "cpu",
+    epoch_samples: int | None = None,
+    *,
+    flag: str = "--resume",
 ) -> dict[str, Any]:
     """Read a checkpoint with `weights_only=True`; anything wrong raises CheckpointError.
-    `epoch_samples` (a resumed run's samples per epoch) bounds `samples_in_epoch`."""
+    `epoch_samples` (a resumed run's samples per epoch) bounds `samples_in_epoch`; `flag` is
+    the flag that named the file, for the advice of a corrupt one."""
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
+    advice = "delete it to start over or pass" if flag == "--resume" else "pass"
     state = _torch_load(
         path,
         map_location,
-        "is corrupt or not a checkpoint of this project ({}); delete it to start over or pass "
-        "--resume with another file",
+        f"is corrupt or not a checkpoint of this project ({{}}); {advice} {flag} with another file",
     )
     if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
         raise CheckpointError(
@@ -291,15 +297,27 @@ def _malformed(state: dict[str, Any]) -> str | None:
 def _load_failure(error: Exception) -> str:
     """The informative part of a torch.load error, in a few words.
 
-    A weights-only refusal comes wrapped in torch's advice to retry with weights_only=False,
-    which is exactly wrong for a file of unknown origin, so only the unpickler's reason is kept.
+    A weights-only refusal comes wrapped in torch's advice to retry with weights_only=False
+    (or to allow the global), which is exactly wrong for a file of unknown origin: only what
+    the unpickler refused is kept, naming the global (`posix.system`) when there is one.
     """
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    if "WeightsUnpickler error:" in str(error):
-        after = str(error).split("WeightsUnpickler error:", 1)[1]
-        reason = next((line.strip() for line in after.splitlines() if line.strip()), "")
-        return f"refused by the weights-only loader: {reason}" if reason else type(error).__name__
-    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+    text = str(error)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if "Weights only load failed" not in text and "WeightsUnpickler error:" not in text:
+        return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+    found = re.search(r"GLOBAL (\S+)", text)
+    if found is not None:
+        blocked = "whose module" in text and "is blocked" in text
+        why = "it could run code" if blocked else "not a tensor, number or string"
+        return f"refused by the weights-only loader: it holds the Python global {found[1]} ({why})"
+    after = text.split("WeightsUnpickler error:", 1)[-1].replace("Weights only load failed.", "")
+    torch_advice = ("weights_only", "Check the documentation", "Please file an issue")
+    reasons = [
+        line.strip()
+        for line in after.splitlines()
+        if line.strip() and not any(words in line for words in torch_advice)
+    ]
+    return f"refused by the weights-only loader: {reasons[0]}" if reasons else type(error).__name__
 
 
 def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
@@ -364,6 +382,11 @@ def check_compatible(state: dict[str, Any], config: dict[str, Any], path: Path) 
                 f"checkpoint {path} was saved with {flag} {saved.get(name)} but this run has "
                 f"{flag} {config.get(name)}; use the same setting or a new --run-dir"
             )
+    if saved.get("freeze") and not config.get("freeze"):  # it would unfreeze the body silently
+        raise CheckpointError(
+            f"checkpoint {path} was trained with --freeze (the head only); repeat --freeze "
+            f"--init-from {saved.get('init_from')} to continue it, or use a new --run-dir"
+        )
 
 
 def flat_record(values: dict[str, Any]) -> dict[str, Any]:

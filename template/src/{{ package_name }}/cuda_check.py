@@ -79,7 +79,7 @@ def status() -> tuple[int, str]:
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         count = torch.cuda.device_count()
-        bf16 = "yes" if torch.cuda.is_bf16_supported() else "no"
+        bf16 = "yes" if torch.cuda.is_bf16_supported(including_emulation=False) else "no"
         return 0, (
             f"{build}; {count} x {props.name} (sm_{props.major}{props.minor}, "
             f"{props.total_memory / 2**30:.0f} GiB); driver {driver_version() or 'unknown'}; "

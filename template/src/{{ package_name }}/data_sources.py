@@ -38,6 +38,7 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset, DistributedSampler, Subset, TensorDataset
 
 from .config_base import BaseConfig
+from .files import folder_problem
 from .images import class_mismatch, find_splits, hidden
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
@@ -109,16 +110,23 @@ class ImageFolder(Dataset[tuple[torch.Tensor, int]]):
     def __init__(self, root: Path, image_size: int):
         self.root = root
         self.image_size = image_size
-        # Hidden entries (.ipynb_checkpoints/, macOS ._x.png files) are not classes or images.
-        self.classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not hidden(p))
         self.samples: list[tuple[Path, int]] = []
-        for label, name in enumerate(self.classes):
-            files = sorted(
-                p
-                for p in (root / name).iterdir()
-                if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not hidden(p)
-            )
-            self.samples.extend((path, label) for path in files)
+        try:
+            # Hidden entries (.ipynb_checkpoints/, macOS ._x.png) are not classes or images.
+            self.classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not hidden(p))
+            for label, name in enumerate(self.classes):
+                files = sorted(
+                    p
+                    for p in (root / name).iterdir()
+                    if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not hidden(p)
+                )
+                self.samples.extend((path, label) for path in files)
+        except OSError as error:  # an unreadable class folder (EACCES), a vanished one
+            where = error.filename or root
+            raise DataError(
+                f"cannot list the folder {where} ({error.strerror or error}); fix its "
+                "permissions or remove it"
+            ) from None
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -245,8 +253,9 @@ def image_folder(config: BaseConfig) -> Datasets | None:
     if config.data.data_dir is None:
         return None
     root = Path(config.data.data_dir)
-    if not root.is_dir():
-        raise DataError(f"--data-dir {root} does not exist or is not a folder")
+    problem = folder_problem(root)  # a FIFO or /dev/null: it exists, but is no folder
+    if problem is not None:
+        raise DataError(f"--data-dir {root} {problem}")
     splits = find_splits(root)
     if splits is not None:
         return split_folders(root, splits, config.data.image_size)

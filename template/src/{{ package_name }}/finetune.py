@@ -48,7 +48,7 @@ def load_weights(model: nn.Module, path: Path, log: Callable[[str], None]) -> li
             f"--init-from {path} is a sharded checkpoint folder; convert it to one file with "
             "python -m <package>.checkpoint_convert first"
         )
-    state = load_checkpoint(path)["model"]
+    state = load_checkpoint(path, flag="--init-from")["model"]
     own = model.state_dict()
     head = head_prefix(model) + "."
     missing = sorted(set(own) - set(state))

@@ -8,7 +8,10 @@
   run on the same directory stops at once, naming the pid and host that hold it (the kernel
   releases the lock when the holder exits, also after `kill -9`); a lock left held by a
   process that outlived its run (`stale`: the holder's pid is dead on this host, or it was an
-  earlier attempt of this torchrun job) is taken over, so an elastic restart can resume;
+  earlier attempt of this torchrun job or of this requeued SLURM job) is taken over, so an
+  elastic restart or a requeue can resume; on a file system that keeps no locks (flock says
+  ENOLCK, ENOSYS or EOPNOTSUPP: Lustre without `flock`, some FUSE and NFS mounts) the run goes
+  on with one warning line;
 - it refuses a directory that already holds checkpoints unless the run resumes (`--resume`),
   so a repeated command never replaces a finished run;
 - it removes temporary files that a killed save left behind.
@@ -42,6 +45,7 @@ from . import distributed, sharded_checkpoint
 from .checkpoint import CheckpointError, SaveError
 from .config import ConfigError
 from .data_sources import DataError
+from .files import PathError, WriteError
 from .stopping import Interrupted, Stopped, stop_signals_raise
 from .utils import NonFiniteLossError
 
@@ -54,6 +58,10 @@ LOCK_NAME = ".lock"
 EXIT_IO_ERROR = 74  # EX_IOERR from sysexits.h: a checkpoint could not be written
 # Errors of a disk that refuses writes: one line and EXIT_IO_ERROR, not a traceback.
 WRITE_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EISDIR)
+# flock's answers: only these mean that another process holds the lock ...
+HELD_ERRNOS = (errno.EWOULDBLOCK, errno.EAGAIN)
+# ... and these that the file system keeps no locks: the run goes on, with one warning line.
+NO_LOCKS_ERRNOS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP)
 
 
 class RunDirError(RuntimeError):
@@ -74,17 +82,19 @@ def claim(run_dir: Path, resume: str | None) -> IO[str] | None:
     if fcntl is not None:
         try:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            lock.seek(0)
-            holder = lock.read().strip() or "an unknown process"
-            lock.close()
-            why = stale(holder)
-            if why is None:
+        except OSError as error:
+            if error.errno in HELD_ERRNOS:
+                lock = _held(run_dir, lock)
+            elif error.errno in NO_LOCKS_ERRNOS:  # Lustre without flock, FUSE, NFS sans lockd
+                log(
+                    f"warning: --run-dir {run_dir} is on a file system without locks "
+                    f"({_reason(error)}): a second run on it would not be refused"
+                )
+            else:
+                lock.close()
                 raise RunDirError(
-                    f"--run-dir {run_dir} is in use by another run ({holder}); wait for it to "
-                    "finish or choose another --run-dir"
+                    f"--run-dir {run_dir} cannot be locked: {_reason(error)}"
                 ) from None
-            lock = _take_over(run_dir, holder, why)
     try:
         lock.seek(0)
         lock.truncate()
@@ -111,12 +121,29 @@ def claim(run_dir: Path, resume: str | None) -> IO[str] | None:
     return lock
 
 
+def _held(run_dir: Path, lock: IO[str]) -> IO[str]:
+    """The lock is held: refuse, or take it over from a holder that is gone (`stale`)."""
+    lock.seek(0)
+    holder = lock.read().strip() or "an unknown process"
+    lock.close()
+    why = stale(holder)
+    if why is None:
+        raise RunDirError(
+            f"--run-dir {run_dir} is in use by another run ({holder}); wait for it to "
+            "finish or choose another --run-dir"
+        ) from None
+    return _take_over(run_dir, holder, why)
+
+
 def holder_line() -> str:
     """Who holds the lock: pid and host, and under torchrun its job id and restart count."""
     line = f"pid {os.getpid()} on host {socket.gethostname()}"
     job = os.environ.get("TORCHELASTIC_RUN_ID")
     if job:
         line += f", torchrun job {job} restart {os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}"
+    slurm_job = os.environ.get("SLURM_JOB_ID")
+    if slurm_job:  # SLURM counts requeues in SLURM_RESTART_COUNT (unset before the first)
+        line += f", slurm job {slurm_job} restart {os.environ.get('SLURM_RESTART_COUNT', 0)}"
     return line + "\n"
 
 
@@ -127,19 +154,28 @@ def stale(holder: str) -> str | None:
     was held (a DataLoader worker, until it notices its parent died) keeps it, and so can a
     network file system for a dead client. Taken over: a holder whose pid is dead on this
     host, or an earlier attempt of this torchrun job (same job id, lower restart count:
-    torchrun restarts a group only after its processes have exited or been killed).
+    torchrun restarts a group only after its processes have exited or been killed), or an
+    earlier allocation of this SLURM job (same job id, lower SLURM_RESTART_COUNT: a requeued
+    job starts torchrun at restart 0 again, but SLURM requeues a job only after ending it; its
+    first node may be dead and its lock still held by the network file system).
     """
-    pattern = r"pid (\d+) on host (\S+?)(?:, torchrun job (\S+) restart (\d+))?"
+    pattern = (
+        r"pid (\d+) on host (\S+?)(?:, torchrun job (\S+) restart (\d+))?"
+        r"(?:, slurm job (\S+) restart (\d+))?"
+    )
     found = re.fullmatch(pattern, holder)
     if found is None:
         return None
-    pid, host, job, restart = found.groups()
+    pid, host, job, restart, slurm_job, slurm_restart = found.groups()
     if host == socket.gethostname() and not _alive(int(pid)):
         return f"pid {pid} is no longer running on {host}"
-    ours = os.environ.get("TORCHELASTIC_RUN_ID")
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-    if job is not None and job == ours and restart is not None and int(restart) < attempt:
-        return f"restart {attempt} of torchrun job {job} replaces restart {restart}"
+    for kind, theirs, their_try, ours, attempt in (
+        ("torchrun", job, restart, "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"),
+        ("slurm", slurm_job, slurm_restart, "SLURM_JOB_ID", "SLURM_RESTART_COUNT"),
+    ):
+        now = int(os.environ.get(attempt, 0))
+        if theirs is not None and theirs == os.environ.get(ours) and int(their_try) < now:
+            return f"restart {now} of {kind} job {theirs} replaces restart {their_try}"
     return None
 
 
@@ -281,14 +317,14 @@ def exit_code(run: Callable[[], object], *, kept: str = "checkpoints are as last
     """Call `run` and turn the known ways it can end into one line on stderr and an exit code.
 
     0 done (or `run`'s own int); 1 the training blew up (nothing non-finite was saved); 2 bad
-    input: flags, data, a checkpoint, or a run dir in use or holding another run; 74 a
-    checkpoint (or the metrics file, or an output: `kept` says what survives) could not be
-    written; 128+N stopped by signal N (after saving, in training).
+    input: flags, data, a checkpoint, a path (`files.PathError`), or a run dir in use or
+    holding another run; 74 a checkpoint (or the metrics file, or an output: `kept` says what
+    survives) could not be written; 128+N stopped by signal N (after saving, in training).
     """
     try:
         with stop_signals_raise():
             result = run()
-    except (ConfigError, DataError, CheckpointError, RunDirError) as error:
+    except (ConfigError, DataError, CheckpointError, RunDirError, PathError) as error:
         safe_print(f"error: {one_line(error)}", file=sys.stderr)
         return 2
     except NonFiniteLossError as error:
@@ -305,10 +341,11 @@ def exit_code(run: Callable[[], object], *, kept: str = "checkpoints are as last
             file=sys.stderr,
         )
         return 128 + signum
-    except OSError as error:  # SaveError, or a full or read-only disk under metrics.jsonl
-        if not isinstance(error, SaveError) and error.errno not in WRITE_ERRNOS:
+    except OSError as error:  # SaveError, WriteError, a full or read-only disk under metrics
+        written = isinstance(error, (SaveError, WriteError))
+        if not written and error.errno not in WRITE_ERRNOS:
             raise
-        cause = error if isinstance(error, SaveError) else f"{error}; {kept}"
+        cause = error if written else f"{error}; {kept}"
         safe_print(f"error: {cause}", file=sys.stderr)
         return EXIT_IO_ERROR
     finally:

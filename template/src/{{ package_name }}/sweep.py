@@ -39,7 +39,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from . import rundir
+from . import files, rundir
 from .checkpoint import CheckpointError, Interrupted, resolve_resume
 from .config import Config, ConfigError, load_toml, to_toml
 from .config_parsing import leaf_fields, read_toml
@@ -351,7 +351,7 @@ def write_best(spec: Spec, trial: Any, path: Path) -> None:
         f"# Best trial {trial.number} of study {spec.study!r}: {spec.metric} = {trial.value}",
         f"# python -m {__package__}.train --config {path} --run-dir runs/best",
     ]
-    path.write_text("\n".join(lines) + "\n" + to_toml(values))
+    files.write_atomically(path, "\n".join(lines) + "\n" + to_toml(values), "--out")
     # What train --config will do: fail here, not later.
     Config.from_flat(load_toml(path), f"{path}: ").validate()
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from . import rundir, utils
+from . import files, rundir, utils
 from .benchmarks.timing import compare_rounds
 from .config import Config, ConfigError, build_parser, parse_config, to_toml
 from .stopping import Interrupted, Stopped
@@ -160,7 +160,7 @@ def choose(
 def precision_candidates(config: Config, device: torch.device) -> list[Trial]:
     available = ["fp32"]
     if device.type == "cuda":
-        available += ["bf16", "fp16"] if torch.cuda.is_bf16_supported() else ["fp16"]
+        available += ["bf16", "fp16"] if torch.cuda.is_bf16_supported(including_emulation=False) else ["fp16"]
     elif device.type in ("cpu", "mps"):
         available.append("bf16")  # fp16 on a CPU is slow, and MPS has no GradScaler
     ordered = [config.speed.precision, *(p for p in available if p != config.speed.precision)]
@@ -280,7 +280,7 @@ def write_toml(
             lines.append(f"#   {name:<10} {trial.label:<32} {rate:<20} {trial.note}".rstrip())
     lines += [f"# {line}" for line in extra]
     tuned = {k: config.flat()[k] for k in TUNED}
-    path.write_text("\n".join(lines) + "\n" + to_toml(tuned))
+    files.write_atomically(path, "\n".join(lines) + "\n" + to_toml(tuned), "--out")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -320,6 +320,7 @@ def _tune(argv: list[str] | None) -> int:
         parser.error(f"--rounds must be >= 2 (a spread needs two rounds), got {rounds}")
     if not args.out.parent.is_dir() or args.out.is_dir():  # found out before, not after, minutes
         parser.error(f"--out {args.out}: {args.out.parent} must be an existing folder; create it")
+    files.check_output(args.out, "--out")  # unwritable, a FIFO, ...: one line, exit 2
     try:
         device = utils.resolve_device(config.run.device)
         _, _, info = task_for(config).datasets(config)  # a language model reads text
