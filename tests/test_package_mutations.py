@@ -444,7 +444,7 @@ MUTATIONS = [
         "torch.cuda.is_bf16_supported(including_emulation=False)",
         "torch.cuda.is_bf16_supported()",
         "test_tune.py", "emulates"),
-    bug("a-resumed-optimizer-keeps-the-saved-kernels", "train.py",
+    bug("a-resumed-optimizer-keeps-the-saved-kernels", "checkpoint_state.py",
         "group.update(own)", "pass",
         "test_train.py", "kernels"),
     # ---- files.py and the readers: hostile paths, one line each (issue 36) -----------------

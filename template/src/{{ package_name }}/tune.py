@@ -160,7 +160,11 @@ def choose(
 def precision_candidates(config: Config, device: torch.device) -> list[Trial]:
     available = ["fp32"]
     if device.type == "cuda":
-        available += ["bf16", "fp16"] if torch.cuda.is_bf16_supported(including_emulation=False) else ["fp16"]
+        available += (
+            ["bf16", "fp16"]
+            if torch.cuda.is_bf16_supported(including_emulation=False)
+            else ["fp16"]
+        )
     elif device.type in ("cpu", "mps"):
         available.append("bf16")  # fp16 on a CPU is slow, and MPS has no GradScaler
     ordered = [config.speed.precision, *(p for p in available if p != config.speed.precision)]
