@@ -65,6 +65,9 @@ MUTATIONS = [
     bug("lm-save-every-never-saves-mid-epoch", "step_checkpoints.py",
         "if step_in_epoch + 1 >= run.steps_per_epoch:", "if True:",
         "test_step_checkpoints.py", "sigkill or keep_last_keeps"),
+    bug("lm-checkpoint-mapped-whole-onto-the-device", "generate.py",
+        "state = read_model(path)", "state = read_model(path, device)",
+        "test_evaluate_text.py", "onto_the_cpu"),
     # ---- compress.py: each byte scored once, for any stride (issue 36's outside review) ----
     bug("lm-compress-scores-the-wrong-tail-off-half-stride", "compress.py",
         "scored[:, seq_len - stride :] = True", "scored[:, stride:] = True",

@@ -202,8 +202,19 @@ def read_model(path: Path, map_location: torch.device | str = "cpu") -> dict[str
     check_format(state, path)
     if not isinstance(state["config"], dict):
         raise CheckpointError(f"checkpoint {path}: its 'config' is not a table of settings")
+    state["model"] = averaged_weights(state) or state["model"]
     check_weights(state["model"], path)
     return state
+
+
+def averaged_weights(state: dict[str, Any]) -> dict[str, Any] | None:
+    """A run with --ema-decay validated (and chose best.pt by) its average of the weights
+    (ema.py): inference uses the same weights, so its numbers are training's. None without."""
+    states = state.get("states")
+    average = states.get("ema") if isinstance(states, dict) else None
+    if not isinstance(average, dict):
+        return None
+    return {k.removeprefix("module."): v for k, v in average.items() if k != "n_averaged"}
 
 
 def _torch_load(path: Path, map_location: torch.device | str, problem: str) -> Any:
