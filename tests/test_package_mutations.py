@@ -149,7 +149,7 @@ MUTATIONS = [
     bug("keep-last-keeps-one-more", "step_checkpoints.py",
         "older[: max(0, len(older) - (keep - 1))]", "older[: max(0, len(older) - keep)]",
         "test_step_checkpoints.py", "keep_last_keeps"),
-    bug("resume-auto-takes-the-oldest", "step_checkpoints.py",
+    bug("resume-auto-takes-the-oldest", "resume_choice.py",
         "found.sort(key=lambda item: -item[0])", "found.sort(key=lambda item: item[0])",
         "test_step_checkpoints.py", "newest_complete"),
     bug("background-writer-writes-in-place", "step_checkpoints.py",

@@ -263,7 +263,8 @@ def load_checkpoint(
     state = _torch_load(
         path,
         map_location,
-        f"is corrupt or not a checkpoint of this project ({{}}); {advice} {flag} with another file",
+        "is corrupt or not a checkpoint of this project ({}); "
+        + f"{advice} {flag} with another file",
     )
     if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
         raise CheckpointError(
@@ -329,56 +330,6 @@ def _load_failure(error: Exception) -> str:
         if line.strip() and not any(words in line for words in torch_advice)
     ]
     return f"refused by the weights-only loader: {reasons[0]}" if reasons else type(error).__name__
-
-
-def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
-    """`--resume auto` means run_dir's newest complete checkpoint if there is one (else a
-    fresh start): last.pt, the folder last.dcp of an FSDP run, or a step checkpoint
-    (`step_checkpoints.newest`: a partial newest one is skipped with a line)."""
-    if resume is None:
-        return None
-    if resume == "auto":
-        from . import step_checkpoints  # it imports this module
-
-        folder = run_dir / "checkpoints"
-        refuse_unreadable_last(folder / "last.pt")
-        found = step_checkpoints.newest(folder)
-        if found is None:
-            refuse_best_without_last(folder)
-        return found
-    path = Path(resume)
-    if not (path.is_file() or (path / "train_state.pt").is_file()):
-        raise CheckpointError(
-            f"--resume {path}: no such checkpoint file (or sharded checkpoint folder)"
-        )
-    return path
-
-
-def refuse_unreadable_last(last: Path) -> None:
-    """`--resume auto` must not start over (replacing it) when last.pt is a link to a missing
-    file (checkpoints on an unmounted volume) or a folder."""
-    if last.is_symlink() and not last.exists():
-        raise CheckpointError(
-            f"--resume auto: {last} is a link to {os.readlink(last)}, which does not exist "
-            "(an unmounted volume?); mount it, or remove the link to start over"
-        )
-    if last.exists() and not last.is_file():
-        raise CheckpointError(
-            f"--resume auto: {last} is not a file (a folder?); move it away to start over, "
-            "or pass --resume with a checkpoint file"
-        )
-
-
-def refuse_best_without_last(folder: Path) -> None:
-    """`--resume auto` with a best checkpoint but no last one (deleted, or only the best model
-    copied in) must not start fresh: the new run's first best would overwrite it."""
-    best = next((p for p in (folder / "best.pt", folder / "best.dcp") if p.exists()), None)
-    if best is not None:
-        raise CheckpointError(
-            f"--resume auto: {folder} holds {best.name} but no last checkpoint, and a fresh "
-            f"run would overwrite it; continue from it with --resume {best}, or start over "
-            "with a new --run-dir"
-        )
 
 
 def check_compatible(state: dict[str, Any], config: dict[str, Any], path: Path) -> None:

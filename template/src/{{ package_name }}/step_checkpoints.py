@@ -23,7 +23,6 @@ signal saves, so such a kill costs at most N steps (M minutes).
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
 import threading
@@ -35,10 +34,8 @@ from typing import Any
 
 import torch
 
-from . import checkpoint, rundir, sharded_checkpoint
-from .checkpoint import REQUIRED_KEYS, SaveError
-
-STEP_NAME = re.compile(r"step-(\d+)(\.pt|\.dcp)")
+from . import checkpoint, resume_choice, rundir, sharded_checkpoint
+from .checkpoint import SaveError
 
 
 class BackgroundWriter:
@@ -241,66 +238,11 @@ def link_folder(source: Path, target: Path) -> None:
     sharded_checkpoint._replace(tmp, target)
 
 
-def step_checkpoints(folder: Path) -> list[tuple[int, Path]]:
-    """The step checkpoints in `folder`, oldest first: (step, path)."""
-    found = []
-    for path in folder.glob("step-*"):
-        name = STEP_NAME.fullmatch(path.name)
-        if name is not None:
-            found.append((int(name[1]), path))
-    return sorted(found)
-
-
 def rotate(folder: Path, keep: int, newest: Path) -> None:
     """Delete all but the `keep` newest step checkpoints (never `newest`, just written)."""
-    older = [path for _, path in step_checkpoints(folder) if path != newest]
+    older = [path for _, path in resume_choice.step_checkpoints(folder) if path != newest]
     for path in older[: max(0, len(older) - (keep - 1))]:
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
-
-
-def newest(folder: Path) -> Path | None:
-    """--resume auto's checkpoint in `folder`: the newest of last.pt, last.dcp and the step
-    checkpoints that is complete. A newer one that is partial or unreadable is skipped with a
-    line naming it; when none is readable, the newest (whose load then says what is wrong)."""
-    found: list[tuple[int, Path]] = []
-    seen = set()
-    names = [folder / "last.pt", folder / "last.dcp"]
-    names += [path for _, path in reversed(step_checkpoints(folder))]
-    for path in names:
-        marker = sharded_checkpoint.state_file(path) if path.is_dir() else path
-        if not path.exists():
-            continue
-        stat = (marker if marker.exists() else path).stat()
-        if (stat.st_dev, stat.st_ino) in seen:  # last.pt: a hard link to a step checkpoint
-            continue
-        seen.add((stat.st_dev, stat.st_ino))
-        if marker.is_file() or path.name.startswith("step-"):
-            found.append((stat.st_mtime_ns, path))
-    found.sort(key=lambda item: -item[0])  # stable: last.* before a step file of its time
-    if len(found) < 2:
-        return found[0][1] if found else None
-    for _, path in found:
-        problem = unreadable(path)
-        if problem is None:
-            return path
-        if int(os.environ.get("RANK", "0")) == 0:
-            rundir.log(f"--resume auto: skipping {path}: {problem}; trying an older checkpoint")
-    return found[0][1]
-
-
-def unreadable(path: Path) -> str | None:
-    """Why checkpoint `path` cannot be resumed from (partial, corrupt, not ours), else None;
-    reads the training state's structure, not every tensor (a memory map)."""
-    state_path = sharded_checkpoint.state_file(path)
-    if path.is_dir() and not (state_path.is_file() and (path / ".metadata").is_file()):
-        return "incomplete (a sharded checkpoint without its train_state.pt or .metadata)"
-    try:
-        state = torch.load(state_path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as error:  # a truncated zip, a foreign pickle: one answer
-        return f"cannot be read ({checkpoint._load_failure(error)})"
-    if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
-        return "lacks training state"
-    return None

@@ -40,10 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from . import files, rundir
-from .checkpoint import CheckpointError, Interrupted, resolve_resume
+from .checkpoint import CheckpointError, Interrupted
 from .config import Config, ConfigError, load_toml, to_toml
 from .config_parsing import leaf_fields, read_toml
 from .data_sources import DataError
+from .resume_choice import resolve_resume
 from .task import task_for
 from .train import train
 

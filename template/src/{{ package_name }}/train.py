@@ -45,6 +45,7 @@ from . import (
     distributed,
     finetune,
     parallel,
+    resume_choice,
     rundir,
     sharded_checkpoint,
     slots,
@@ -335,7 +336,7 @@ def resume(run: Run) -> bool:
     Returns whether it resumed."""
     config, device = run.config, run.device
     run_dir = Path(config.run.run_dir)
-    resume_path = checkpoint.resolve_resume(config.run.resume, run_dir)
+    resume_path = resume_choice.resolve_resume(config.run.resume, run_dir)
     if config.run.resume == "auto" and resume_path is None:
         run.log(f"--resume auto: no checkpoint in {run.last_path.parent}, starting fresh")
         if run.ctx.is_main:  # a run killed before its first save: its steps are redone
