@@ -16,7 +16,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .utils import STOP_SIGNALS
+# The signals that mean "save and stop": SIGHUP when the terminal or ssh session goes away,
+# SIGUSR1 what SLURM's --signal sends by convention. Windows has neither.
+STOP_SIGNALS = tuple(
+    getattr(signal, name)
+    for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1")
+    if hasattr(signal, name)
+)
 
 
 class Interrupted(Exception):

@@ -40,6 +40,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from .stopping import STOP_SIGNALS, stops_between_batches
+
 __all__ = [
     "NonFiniteLossError",
     "anomaly_detection",
@@ -109,15 +111,6 @@ def set_deterministic(enabled: bool, *, warn_only: bool = False) -> None:
         torch.backends.cudnn.benchmark = False
     torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
     torch.backends.cudnn.deterministic = enabled
-
-
-# The signals that mean "save and stop": SIGHUP when the terminal or ssh session goes away,
-# SIGUSR1 what SLURM's --signal sends by convention. Windows has neither.
-STOP_SIGNALS = tuple(
-    getattr(signal, name)
-    for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1")
-    if hasattr(signal, name)
-)
 
 
 def ignore_stop_signals() -> None:
@@ -438,7 +431,6 @@ def tune_num_workers(
     so it is measured, not guessed. Worker start-up and the first prefetched batches are
     excluded (persistent workers pay them once per run); what is timed is the steady rate.
     """
-    from .stopping import stops_between_batches  # stopping.py imports this module
 
     if candidates is None:
         cpus = available_cpus()
