@@ -326,13 +326,13 @@ MUTATIONS = [
     # ---- model.py: config and data shapes reach the model --------------------------------------
     bug("mlp-width-not-scaled", "model.py",
         "width=8 * width", "width=width",
-        "test_smoke.py", "architecture"),
+        "test_model.py", "architecture"),
     bug("dropout-flag-ignored", "model.py",
         "dropout=config.model.dropout", "dropout=0.1",
-        "test_smoke.py", "architecture"),
+        "test_model.py", "architecture"),
     bug("pooling-drops-odd-pixels", "model.py",
         "nn.MaxPool2d(2, ceil_mode=True)", "nn.MaxPool2d(2)",
-        "test_smoke.py", "architecture"),
+        "test_model.py", "architecture"),
     # ---- GPU paths that a CPU can check (issue 12) ---------------------------------------------
     bug("gpu-probe-passes-a-gpu-torch-cannot-use", "cuda_check.py",
         "    return 1, (\n", "    return 0, (\n",
