@@ -51,12 +51,15 @@ def load_weights(model: nn.Module, path: Path, log: Callable[[str], None]) -> li
     state = load_checkpoint(path, flag="--init-from")["model"]
     own = model.state_dict()
     head = head_prefix(model) + "."
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
+    # In the model's order (the checkpoint's for names only it has): the first one named is
+    # the layer nearest the input, where the user looks first.
+    missing = [name for name in own if name not in state]
+    unexpected = [name for name in state if name not in own]
     wrong = [
         name
-        for name in sorted(set(own) & set(state))
-        if not isinstance(state[name], torch.Tensor) or state[name].shape != own[name].shape
+        for name in own
+        if name in state
+        and (not isinstance(state[name], torch.Tensor) or state[name].shape != own[name].shape)
     ]
     skipped = [name for name in wrong if name.startswith(head)]
     problem = missing or unexpected or [name for name in wrong if not name.startswith(head)]
