@@ -301,11 +301,11 @@ MUTATIONS = [
         'state = {number[name]: value for name, value in optimizer_state["state"].items()}',
         'state = dict(enumerate(optimizer_state["state"].values()))',
         "test_parallel.py", "numbered"),
-    # ---- config.py: validation -----------------------------------------------------------------
-    bug("zero-lr-accepted", "config_base.py",
+    # ---- config_checks.py: validation--------------------------------------------------------------
+    bug("zero-lr-accepted", "config_checks.py",
         "if optim.lr <= 0:", "if optim.lr < 0:",
         "test_config.py", "bad_flags"),
-    bug("dropout-of-one-accepted", "config_base.py",
+    bug("dropout-of-one-accepted", "config_checks.py",
         "if not 0 <= model.dropout < 1:", "if not 0 <= model.dropout <= 1:",
         "test_config.py", "bad_flags"),
     # ---- config_parsing.py: flags through tyro, TOML files ---------------------------------------
@@ -343,7 +343,7 @@ MUTATIONS = [
     bug("skipped-fp16-steps-averaged-as-zero", "metrics.py",
         "self.finite_steps += finite", "self.finite_steps += 1",
         "test_gpu_paths.py", "skipped"),
-    bug("cuda-graphs-with-accumulation-accepted", "config_base.py",
+    bug("cuda-graphs-with-accumulation-accepted", "config_checks.py",
         "if graphs and optim.grad_accum_steps > 1:", "if graphs and optim.grad_accum_steps > 99:",
         "test_config.py", "bad_flags"),
     # ---- profiling.py and benchmark.py: the arithmetic behind the reports ----------------------

@@ -52,16 +52,23 @@ def _reason(error: OSError) -> str:
     return error.strerror or type(error).__name__
 
 
-def file_problem(path: Path) -> str | None:
-    """What keeps `path` from being read as a regular file, or None when it can be."""
+def _stat_problem(path: Path, what: str) -> int | str:
+    """The mode of `path`, or what keeps it from being stat-ed (`what`: "a file", "a folder")."""
     if str(path) == "":
-        return "is empty; name a file"
+        return f"is empty; name {what}"
     try:
-        mode = os.stat(path).st_mode
+        return os.stat(path).st_mode
     except FileNotFoundError:
         return "does not exist"
     except OSError as error:
         return f"cannot be read ({_reason(error)})"
+
+
+def file_problem(path: Path) -> str | None:
+    """What keeps `path` from being read as a regular file, or None when it can be."""
+    mode = _stat_problem(path, "a file")
+    if isinstance(mode, str):
+        return mode
     if stat.S_ISDIR(mode):
         return "is a folder, not a file"
     if not stat.S_ISREG(mode):
@@ -73,14 +80,9 @@ def file_problem(path: Path) -> str | None:
 
 def folder_problem(path: Path) -> str | None:
     """What keeps `path` from being listed as a folder, or None when it can be."""
-    if str(path) == "":
-        return "is empty; name a folder"
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return "does not exist"
-    except OSError as error:
-        return f"cannot be read ({_reason(error)})"
+    mode = _stat_problem(path, "a folder")
+    if isinstance(mode, str):
+        return mode
     if not stat.S_ISDIR(mode):
         return f"is {kind(mode)}, not a folder"
     if not os.access(path, os.R_OK | os.X_OK):
