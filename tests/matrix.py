@@ -55,12 +55,18 @@ MATRIX: dict[str, dict[str, Any]] = {
 # enough to catch a break, the other renders skip them).
 SLOW_RENDER = "py310-mit-cnn"
 
-# Renders that run only the test files their answers can change. py313-none-cnn has the same
-# model as the slow render; what differs is metadata (Python, license, CI workflow), which
-# changes no code path, and the tracker, whose default is read by the config, the trackers'
-# wiring and a first epoch. The whole suite of the same code already runs in SLOW_RENDER.
+# Renders that run only the fast test files their answers can change. Every render here
+# differs from a render of test_user_install.py (the default answers, image and LM, installed
+# as the generated README says) only in metadata (Python, license, CI workflow), which changes
+# no code path, and in the tracker, whose default is read by the config, the trackers' wiring
+# and a first epoch (test_trains_one_epoch): those renders run the whole fast suite of the same
+# code, so these run the files the tracker answer reaches. The slow render runs its `slow`
+# tests besides (the whole suite's, tests/test_matrix_slow.py).
+TRACKER_FILES = ["tests/test_trackers.py", "tests/test_config.py"]
 PARTIAL_SUITES: dict[str, list[str]] = {
-    "py313-none-cnn": ["tests/test_trackers.py", "tests/test_config.py", "tests/test_smoke.py"],
+    "py310-mit-cnn": [*TRACKER_FILES, "tests/test_smoke.py"],
+    "py312-bsd-lm": TRACKER_FILES,
+    "py313-none-cnn": [*TRACKER_FILES, "tests/test_smoke.py"],
 }
 
 # Slow tests that only a render with other answers has: the language model's (it learns below

@@ -3,9 +3,9 @@
 Each project is pip-installed (editable, no dependencies: the one shared environment already
 has torch and the rest) under its own distribution and package name, so all of them coexist.
 The `slow` tests run in one render only (matrix.SLOW_RENDER, tests/test_matrix_slow.py) and,
-for slow tests only another render has, there too (matrix.SLOW_FILES); renders whose answers
-change no code path another render runs only their answer-specific files
-(matrix.PARTIAL_SUITES).
+for slow tests only another render has, there too (matrix.SLOW_FILES). Renders whose code is
+that of a default render of tests/test_user_install.py (which runs the whole fast suite where
+the README installs it) run only their answer-specific files (matrix.PARTIAL_SUITES).
 """
 
 from __future__ import annotations

@@ -301,7 +301,7 @@ MUTATIONS = [
         'state = {number[name]: value for name, value in optimizer_state["state"].items()}',
         'state = dict(enumerate(optimizer_state["state"].values()))',
         "test_parallel.py", "numbered"),
-    # ---- config_checks.py: validation--------------------------------------------------------------
+    # ---- config_checks.py: validation ------------------------------------------------------------
     bug("zero-lr-accepted", "config_checks.py",
         "if optim.lr <= 0:", "if optim.lr < 0:",
         "test_config.py", "bad_flags"),

@@ -28,8 +28,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import yaml
 
 from helpers import ROOT, render, run
+from matrix import MATRIX, PARTIAL_SUITES
 from test_tooling import load_module
 
 pytestmark = pytest.mark.matrix
@@ -87,6 +89,27 @@ def user_env() -> tuple[UserEnv, dict[str, Path]]:
         assert extras == ".[test]", "a default render's README installs no optional extra"
         env.install(["-e", extras], project)
     return env, projects
+
+
+# Answers that change no code path another render runs (tests/matrix.py): metadata, and the
+# tracker, whose files the partial renders run themselves.
+NO_CODE_ANSWERS = {"project_name", "python_version", "license", "github_actions", "tracker"}
+
+
+def test_each_partial_render_has_the_code_of_a_render_here() -> None:
+    """The matrix runs only the tracker's files of PARTIAL_SUITES' renders because the fast
+    suites here run the rest of the same code: each must match a render here in every answer
+    that reaches code (with copier.yml's defaults for what a render here leaves out)."""
+    questions = yaml.safe_load((ROOT / "copier.yml").read_text())
+    defaults = {
+        k: v["default"] for k, v in questions.items() if isinstance(v, dict) and "default" in v
+    }
+    ours = [{**defaults, **answers} for answers in RENDERS.values()]
+    for name in PARTIAL_SUITES:
+        code = {k: v for k, v in MATRIX[name].items() if k not in NO_CODE_ANSWERS}
+        task = code.get("task", defaults["task"])
+        asked = {k: v for k, v in code.items() if k != "model" or task == "image"}
+        assert any(all(o[k] == v for k, v in asked.items()) for o in ours), name
 
 
 def test_the_readme_install_brings_no_optional_extra(user_env: Any) -> None:
