@@ -308,6 +308,9 @@ MUTATIONS = [
     bug("dropout-of-one-accepted", "config_checks.py",
         "if not 0 <= model.dropout < 1:", "if not 0 <= model.dropout <= 1:",
         "test_config.py", "bad_flags"),
+    bug("a-registered-model-s-memory-bound-ignored", "config_base.py",
+        "if spec is not None:  # registered", "if False:  # registered",
+        "test_slots.py", "memory_bound"),
     # ---- config_parsing.py: flags through tyro, TOML files ---------------------------------------
     bug("flags-get-their-group-prefix", "config_parsing.py",
         "config=(tyro.conf.OmitArgPrefixes,),", "config=(),",
