@@ -132,8 +132,22 @@ def load_shards(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) 
     """Load the shards of `path` into `model` and `optimizer`, as they are sharded NOW."""
     model_state, optimizer_state = get_state_dict(model, optimizer)
     try:
+        saved_groups = _saved_param_groups(path)
+        # v0.2.0 wrote one group; DCP loads only the keys asked for, so ask for that one group's
+        # (its moments are keyed by parameter name: they fit whatever the groups are now).
+        one_group = len(saved_groups) == 1 and len(optimizer_state["param_groups"]) > 1
+        target = (
+            {"state": optimizer_state["state"], "param_groups": [dict.fromkeys(saved_groups[0])]}
+            if one_group
+            else optimizer_state
+        )
         with quiet_single_process():
-            dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)
+            dcp.load({"model": model_state, "optimizer": target}, checkpoint_id=path)
+        if one_group:
+            optimizer_state = {
+                "state": target["state"],
+                "param_groups": _regrouped(target["param_groups"][0], optimizer_state),
+            }
         set_state_dict(
             model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state
         )
@@ -142,6 +156,28 @@ def load_shards(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) 
             f"checkpoint {path}: the saved model or optimizer does not fit this run "
             f"({_first_line(error)})"
         ) from None
+
+
+def _saved_param_groups(path: Path) -> list[list[str]]:
+    """The keys of each optimizer param group in the checkpoint's metadata, in group order."""
+    metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    groups: dict[int, list[str]] = {}
+    for key in metadata.state_dict_metadata:
+        parts = key.split(".", 3)  # optimizer.param_groups.<n>.<key>
+        if parts[:2] == ["optimizer", "param_groups"] and len(parts) == 4:
+            groups.setdefault(int(parts[2]), []).append(parts[3])
+    return [groups[number] for number in sorted(groups)]
+
+
+def _regrouped(saved: dict[str, Any], current: dict[str, Any]) -> list[dict[str, Any]]:
+    """This run's groups (their parameters, weight decay and `decay` flag) with the saved
+    group's other settings, as checkpoint.regrouped does for a single file."""
+    hyper = {key: value for key, value in saved.items() if key != "params"}
+    return [
+        {**hyper, "weight_decay": group["weight_decay"], "decay": group.get("decay", True),
+         "params": group["params"]}
+        for group in current["param_groups"]
+    ]  # fmt: skip
 
 
 def copy(source: Path, target: Path, *, is_main: bool, device: torch.device) -> None:
