@@ -68,6 +68,10 @@ MUTATIONS = [
     bug("lm-checkpoint-mapped-whole-onto-the-device", "generate.py",
         "state = read_model(path)", "state = read_model(path, device)",
         "test_evaluate_text.py", "onto_the_cpu"),
+    bug("lm-evaluate-runs-a-bf16-checkpoint-at-fp32", "evaluate.py",
+        "result = bits_per_byte(model, dataset, device, args.batch_size, precision)",
+        "result = bits_per_byte(model, dataset, device, args.batch_size)",
+        "test_evaluate_text.py", "validation_bits_per_byte"),
     # ---- compress.py: each byte scored once, for any stride (issue 36's outside review) ----
     bug("lm-compress-scores-the-wrong-tail-off-half-stride", "compress.py",
         "scored[:, seq_len - stride :] = True", "scored[:, stride:] = True",

@@ -262,3 +262,30 @@ def blow_up_error(
         step=step,
         value=loss_value,
     )
+
+
+def check_precision(precision: str, device: torch.device) -> None:
+    """Refuse a precision `device` cannot run (ConfigError)."""
+    # including_emulation=False: a pre-Ampere GPU only emulates bf16 (slowly), which the
+    # default of is_bf16_supported() counts as support.
+    if (
+        precision == "bf16"
+        and device.type == "cuda"
+        and not torch.cuda.is_bf16_supported(including_emulation=False)
+    ):
+        raise ConfigError("--precision bf16: this GPU has no bfloat16 support; use fp16")
+    if precision == "fp16" and device.type == "mps":
+        raise ConfigError("--precision fp16 needs a GradScaler, which MPS lacks; use bf16")
+
+
+def validation_precision(config: Config, device: torch.device, log: Callable[[str], None]) -> str:
+    """Set TF32 as training did and return the precision its validation ran at, so evaluate
+    gives training's numbers; fp32 (said through `log`) where `device` cannot run that one."""
+    utils.set_tf32(config.speed.tf32)
+    precision = config.speed.precision
+    try:
+        check_precision(precision, device)
+    except ConfigError as error:
+        log(f"note: trained at {precision}, evaluated at fp32 here ({error})")
+        return "fp32"
+    return precision

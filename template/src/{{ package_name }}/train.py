@@ -66,7 +66,7 @@ from .loop import (
 )
 from .metrics import Meter, MetricsWriter, run_record
 from .mfu import Utilization
-from .task import Task, build_model_for, evaluate, loss_function, task_for
+from .task import Task, build_model_for, check_precision, evaluate, loss_function, task_for
 
 __all__ = ["build_model_for", "build_run", "evaluate", "main", "resume", "train"]
 
@@ -161,7 +161,7 @@ def build_run(config: Config, cleanup: contextlib.ExitStack) -> Run:
         raise ConfigError(str(error)) from None
     cleanup.callback(distributed.cleanup)
     device = ctx.device
-    _check_precision(config.speed.precision, device)
+    check_precision(config.speed.precision, device)
     # cuDNN times candidate kernels once per input shape and keeps the fastest: a win for
     # fixed shapes, but the choice is not repeatable, so never in deterministic mode.
     torch.backends.cudnn.benchmark = config.speed.cudnn_benchmark and not config.run.deterministic
@@ -354,19 +354,6 @@ def resume(run: Run) -> bool:
     run.log(f"resumed from {resume_path}: epoch {run.epoch + 1}, step {run.global_step}")
     slots.run_callbacks("after_resume", run)
     return True
-
-
-def _check_precision(precision: str, device: torch.device) -> None:
-    # including_emulation=False: a pre-Ampere GPU only emulates bf16 (slowly), which the
-    # default of is_bf16_supported() counts as support.
-    if (
-        precision == "bf16"
-        and device.type == "cuda"
-        and not torch.cuda.is_bf16_supported(including_emulation=False)
-    ):
-        raise ConfigError("--precision bf16: this GPU has no bfloat16 support; use fp16")
-    if precision == "fp16" and device.type == "mps":
-        raise ConfigError("--precision fp16 needs a GradScaler, which MPS lacks; use bf16")
 
 
 def _silent(*args: object, **kwargs: object) -> None:
