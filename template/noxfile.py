@@ -30,6 +30,7 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import nox
@@ -160,7 +161,20 @@ def gpu(session: nox.Session) -> None:
     low = "bf16" if "bf16 yes" in report else "fp16"
     steps = _gpu_steps(package, device="cuda", low=low, ranks="gpu", shrink={"train": GPU_SIZES})
     steps["GPU test suite"] += session.posargs
-    _run_steps(session, report, python, steps, env)
+    _run_steps(session, report, python, steps, env, notes=_multi_rank_notes(report))
+
+
+def _multi_rank_notes(report: str) -> list[str]:
+    """What the summary says when the checks' torchrun jobs start one rank (one GPU): they pass
+    there without comparing ranks, so it names what only two or more GPUs check."""
+    found = re.search(r"; (\d+) x ", report)
+    if found is None or int(found.group(1)) >= 2:
+        return []
+    return [
+        "not checked with one GPU (each torchrun job starts one rank): DDP replicas staying "
+        "identical, FSDP shards resharded 2 -> 1, the ranks agreeing on a stop or a failed "
+        "save; run `nox -s gpu` on a host with two or more GPUs for those"
+    ]
 
 
 @nox.session(default=False)
@@ -235,7 +249,12 @@ def _gpu_steps(
 
 
 def _run_steps(
-    session: nox.Session, report: str, python: str, steps: dict[str, list[str]], env: dict[str, str]
+    session: nox.Session,
+    report: str,
+    python: str,
+    steps: dict[str, list[str]],
+    env: dict[str, str],
+    notes: Sequence[str] = (),
 ) -> None:
     """Run every step (a failure does not stop the next), print the summary, fail if any did.
 
@@ -247,7 +266,7 @@ def _run_steps(
         session.log(f"removing the previous GPU checks' runs: {GPU_CHECK_RUNS}")
         shutil.rmtree(GPU_CHECK_RUNS)
     results = [_timed(session, name, [python, *args], env) for name, args in steps.items()]
-    session.log(_summary(report, results))
+    session.log("\n".join([_summary(report, results), *notes]))
     failed = [name for name, ok, _ in results if not ok]
     if failed:
         session.error(f"GPU checks failed: {', '.join(failed)} (output above)")

@@ -106,15 +106,35 @@ class _Session:
         raise AssertionError(message)
 
 
-def test_a_second_gpu_session_starts_from_fresh_run_folders(tmp_path, monkeypatch):
-    """The steps write fixed run folders without --resume, so the second `nox -s gpu` in a
-    project was refused by the run-dir guard at every training step, and `generate` passed on
-    the first session's last.pt. Each session now removes the previous one's runs first."""
+def _project_noxfile():
     spec = importlib.util.spec_from_file_location(
         "project_noxfile", ROOT / "template" / "noxfile.py"
     )
     noxfile = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(noxfile)
+    return noxfile
+
+
+def test_a_one_gpu_summary_names_the_multi_rank_checks_it_could_not_run(tmp_path, monkeypatch):
+    """With one GPU every torchrun check starts one rank and passes without comparing ranks
+    (GPU finding 10): the summary says what was not checked."""
+    noxfile = _project_noxfile()
+    one = "torch 2.13.0, CUDA build 12.8; 1 x NVIDIA H200 (sm_90, 139 GiB); driver 570; bf16 yes"
+    assert noxfile._multi_rank_notes(one.replace("; 1 x", "; 2 x")) == []
+    assert noxfile._multi_rank_notes(one.replace("; 1 x", "; 8 x")) == []
+    (note,) = noxfile._multi_rank_notes(one)
+    assert "DDP replicas" in note and "two or more GPUs" in note
+    monkeypatch.chdir(tmp_path)
+    session = _Session()
+    noxfile._run_steps(session, one, sys.executable, {"ok": ["-c", "pass"]}, {}, notes=[note])
+    assert session.logs[-1].endswith(note) and "ok" in session.logs[-1]
+
+
+def test_a_second_gpu_session_starts_from_fresh_run_folders(tmp_path, monkeypatch):
+    """The steps write fixed run folders without --resume, so the second `nox -s gpu` in a
+    project was refused by the run-dir guard at every training step, and `generate` passed on
+    the first session's last.pt. Each session now removes the previous one's runs first."""
+    noxfile = _project_noxfile()
     monkeypatch.chdir(tmp_path)
     stale = tmp_path / "runs" / "gpu-check" / "compile-default" / "checkpoints" / "last.pt"
     stale.parent.mkdir(parents=True)
