@@ -133,9 +133,8 @@ def env(session: nox.Session) -> None:
         Env.python = sys.executable  # as the generated projects' sessions do (not PATH's python)
         _require_modules(session, NO_VENV_MODULES)
         return
-    args, env = _torch_source(session)
     uv_args = _pip_config_for_uv() if session.venv_backend == "uv" else []
-    session.install(TORCH, *args, *uv_args, env=env)
+    _install_torch(session, *uv_args)
     session.install(*ENV_PACKAGES, *uv_args)
     Env.python = str(Path(session.bin) / "python")
     # Subprocesses (copier's, the rendered projects' suites) find this environment first.
@@ -143,6 +142,28 @@ def env(session: nox.Session) -> None:
         "PATH": os.pathsep.join([session.bin, os.environ.get("PATH", "")]),
         "VIRTUAL_ENV": str(Path(session.bin).parent),
     }
+
+
+def _install_torch(session: nox.Session, *extra: str) -> dict[str, str]:
+    """Install torch from TORCH_BACKEND's source; returns the installer environment used.
+
+    Under the default, `auto`, a machine that reaches its package indexes but not PyTorch's
+    own (a proxy, a mirror) gets torch from the configured indexes, as `none` does, and one
+    line says so; a backend named on purpose (`cpu`, `cu128`) fails instead.
+    """
+    args, env = _torch_source(session)
+    try:
+        session.install(TORCH, *args, *extra, env=env)
+    except CommandFailed:
+        if TORCH_BACKEND != "auto" or not (args or env):
+            raise
+        session.warn(
+            "torch from PyTorch's index failed (output above; unreachable from here?): "
+            "installing it from the configured package indexes, as TORCH_BACKEND=none does"
+        )
+        session.install(TORCH, *extra)
+        return {}
+    return env
 
 
 def _torch_source(session: nox.Session) -> tuple[list[str], dict[str, str]]:

@@ -12,7 +12,8 @@ Which torch: TORCH_BACKEND picks the wheel (default `auto`). Under uv that is uv
 `--torch-backend` (auto: the CUDA build that matches this machine's driver, the CPU build
 without a GPU); under pip, `auto` takes PyTorch's CPU index on Linux without `nvidia-smi`
 and PyPI's wheel otherwise, and `cpu`, `cu128`... name a PyTorch index. TORCH_BACKEND=none
-leaves torch to the package index you configured (a mirror, a wheel folder).
+leaves torch to the package index you configured (a mirror, a wheel folder); `auto` falls
+back to it, with one line, where PyTorch's index cannot be reached.
 
 On a GPU machine without a package index (common on clusters), run the checks in the current
 interpreter, which already has torch and this project's test dependencies (the project itself
@@ -84,6 +85,28 @@ def _groups(*names: str) -> tuple[str, ...]:
     return nox.project.dependency_groups(PYPROJECT, *names)
 
 
+def _install_torch(session: nox.Session, *extra: str) -> dict[str, str]:
+    """Install torch from TORCH_BACKEND's source; returns the installer environment used.
+
+    Under the default, `auto`, a machine that reaches its package indexes but not PyTorch's
+    own (a proxy, a mirror) gets torch from the configured indexes, as `none` does, and one
+    line says so; a backend named on purpose (`cpu`, `cu128`) fails instead.
+    """
+    args, env = _torch_source(session)
+    try:
+        session.install(TORCH, *args, *extra, env=env)
+    except CommandFailed:
+        if TORCH_BACKEND != "auto" or not (args or env):
+            raise
+        session.warn(
+            "torch from PyTorch's index failed (output above; unreachable from here?): "
+            "installing it from the configured package indexes, as TORCH_BACKEND=none does"
+        )
+        session.install(TORCH, *extra)
+        return {}
+    return env
+
+
 def _torch_source(session: nox.Session) -> tuple[list[str], dict[str, str]]:
     """Installer arguments and environment that choose the torch wheel (see TORCH_BACKEND)."""
     if TORCH_BACKEND == "none":
@@ -103,8 +126,7 @@ def _install(session: nox.Session, *groups: str, extras: tuple[str, ...] = ()) -
     machines cannot install)."""
     if _uses_current_interpreter(session):
         return
-    args, env = _torch_source(session)
-    session.install(TORCH, *args, env=env)
+    env = _install_torch(session)
     project = f".[{','.join(extras)}]" if extras else "."
     session.install("-e", project, *_groups(*groups), env=env)
 

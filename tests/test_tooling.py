@@ -18,6 +18,7 @@ from typing import Any
 import nox
 import pytest
 import yaml
+from nox.command import CommandFailed
 
 from helpers import ROOT, run
 from matrix import MATRIX
@@ -256,3 +257,43 @@ def test_every_render_passes_the_hygiene_hooks(rendered, name):
             list(yaml.safe_load_all(text))
         if path.suffix == ".toml":
             tomllib.loads(text)
+
+
+class _InstallSession:
+    """What `_install_torch` asks of a nox session; PyTorch's index is unreachable."""
+
+    venv_backend = "uv"
+
+    def __init__(self) -> None:
+        self.installs: list[tuple[tuple[str, ...], dict[str, str] | None]] = []
+        self.warnings: list[str] = []
+
+    def install(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.installs.append((args, env))
+        if env:  # UV_TORCH_BACKEND: uv asks download.pytorch.org, which this machine cannot reach
+            raise CommandFailed("Failed to fetch: https://download.pytorch.org/whl/cpu/torch/")
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+
+
+@pytest.mark.parametrize("noxfile", ["noxfile.py", "template/noxfile.py"])
+@pytest.mark.parametrize("backend", ["auto", "cpu"])
+def test_an_unreachable_pytorch_index_falls_back_to_the_configured_ones_only_under_auto(
+    noxfile: str, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Behind a proxy or a mirror the newcomer's first command failed at the torch install
+    under the default TORCH_BACKEND=auto, and nothing said that `none` would work."""
+    module = load_module(ROOT / noxfile, f"noxfile_torch_{noxfile.replace('/', '_')[:-3]}")
+    monkeypatch.setattr(module, "TORCH_BACKEND", backend)
+    session = _InstallSession()
+    if backend != "auto":  # chosen on purpose: its failure is the answer
+        with pytest.raises(CommandFailed):
+            module._install_torch(session)
+        assert session.warnings == []
+        return
+    assert module._install_torch(session) == {}
+    (first, env), (second, no_env) = session.installs
+    assert env == {"UV_TORCH_BACKEND": "auto"} and not no_env and second == first
+    (line,) = session.warnings
+    assert "configured package indexes" in line and "TORCH_BACKEND=none" in line
