@@ -61,6 +61,10 @@ MUTATIONS = [
         "logits = model(tokens[:, -seq_len:])[0, -1].float()",
         "logits = model(tokens)[0, -1].float()",
         TESTS, "deterministic_by_seed"),
+    bug("outsider-generate-feeds-first-window", "generate.py",
+        "logits = model(tokens[:, -seq_len:])[0, -1].float()",
+        "logits = model(tokens[:, :seq_len])[0, -1].float()",
+        TESTS, "slides"),
     # ---- step checkpoints in the LM render (issue 36) --------------------------------------
     bug("lm-save-every-never-saves-mid-epoch", "step_checkpoints.py",
         "if step_in_epoch + 1 >= run.steps_per_epoch:", "if True:",

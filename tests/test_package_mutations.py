@@ -536,6 +536,27 @@ MUTATIONS = [
     bug("epoch-offset-under-two-ranks-mixes-two-epochs", "data_sources.py",
         "offset = self.epoch * len(self.dataset)", "offset = self.epoch * self.num_samples",
         "test_data.py", "two_ranks_share"),
+    # ---- planted by an outside reader who had not seen the tests (this session): the six
+    # ---- that survived the fast suite, each caught since by a test against an oracle ------
+    bug("outsider-ema-buffers-not-averaged", "ema.py",
+        "use_buffers=True)", "use_buffers=False)",
+        "test_slots.py", "ema_validates"),
+    bug("outsider-step-checkpoints-sorted-as-strings", "resume_choice.py",
+        "found.append((int(name[1]), path))", "found.append((name[1], path))",
+        "test_step_checkpoints.py", "across_digits"),
+    bug("outsider-metric-sums-keep-last-batch-only", "slots.py",
+        "into[name] = into[name] + value if name in into else value", "into[name] = value",
+        "test_slots.py", "slots_drive_training"),
+    bug("outsider-resume-ignores-changed-lr", "checkpoint_state.py",
+        "    scheduler.base_lrs = peaks\n", "",
+        "test_slots.py", "another_lr"),
+    bug("outsider-no-weight-decay-on-linear-weights", "slots.py",
+        "param.ndim >= 2 and id(param) not in embeddings",
+        "param.ndim > 2 and id(param) not in embeddings",
+        "test_slots.py", "matrices_and_kernels"),
+    bug("outsider-ema-decay-one-accepted", "config_checks.py",
+        "if not 0 <= optim.ema_decay < 1:", "if not 0 <= optim.ema_decay <= 1:",
+        "test_config.py", "bad_flags"),
 ]  # fmt: skip
 
 
