@@ -124,11 +124,14 @@ def pip_install_editable(project: Path, *, python_version: str | None = None) ->
 def run_project_suite(
     project: Path, *args: str, markers: str = "not gpu and not slow", check: bool = True
 ) -> subprocess.CompletedProcess[str]:
-    """Run a rendered project's own pytest suite in a subprocess, from the project's folder."""
+    """Run a rendered project's own pytest suite in a subprocess, from the project's folder.
+    A hang still ends: 30 minutes, twice what the whole slow suite takes beside the other
+    worker on CI's two cores."""
     return run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", markers, *args],
         project,
         check=check,
+        timeout=1800,
     )
 
 
