@@ -65,6 +65,14 @@ MUTATIONS = [
         "logits = model(tokens[:, -seq_len:])[0, -1].float()",
         "logits = model(tokens[:, :seq_len])[0, -1].float()",
         TESTS, "slides"),
+    # ---- a second outside reader's bugs (not seen the tests) that the fast suite missed ----
+    bug("outsider-compress-rescores-first-window-of-each-batch", "compress.py",
+        "scored[batch == 0] = True", "scored[0] = True",
+        TESTS, "any_stride_by_hand"),
+    bug("outsider-eval-text-windows-skip-a-byte", "evaluate.py",
+        "starts = torch.arange(0, len(tokens) - 1, span)",
+        "starts = torch.arange(0, len(tokens) - 1, span + 1)",
+        "test_evaluate_text.py", "every_byte"),
     # ---- step checkpoints in the LM render (issue 36) --------------------------------------
     bug("lm-save-every-never-saves-mid-epoch", "step_checkpoints.py",
         "if step_in_epoch + 1 >= run.steps_per_epoch:", "if True:",
