@@ -59,6 +59,25 @@ def test_no_jinja_left_in_any_file(rendered, name):
             assert "{{" not in line and "{%" not in line, f"{relative}:{number}: {line.strip()}"
 
 
+# The modules only one task's project holds (issue 35: a render holds only its own task's).
+TASK_MODULES = {
+    "image": {"images.py", "finetune.py", "example_data.py", "export.py", "inference.py",
+              "predict.py"},
+    "lm": {"text.py", "generate.py", "compress.py", "lm_grid.py"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_render_holds_only_its_own_task_s_modules(rendered, name):
+    task = MATRIX[name].get("task", "image")
+    (package,) = (rendered[name] / "src").glob("*/__init__.py")
+    modules = {path.name for path in package.parent.rglob("*.py")}
+    other = "lm" if task == "image" else "image"
+    assert TASK_MODULES[task] <= modules and not TASK_MODULES[other] & modules
+    sources = " ".join(path.read_text() for path in package.parent.rglob("*.py"))
+    assert (task == "image") == ("ImageFolder" in sources), "image sources only in image renders"
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_answers_file_records_the_answers(rendered, name):
     answers = yaml.safe_load((rendered[name] / ".copier-answers.yml").read_text())
