@@ -230,7 +230,7 @@ def test_a_project_made_yours_in_your_files_trains_resumes_and_updates_cleanly(t
     pkg = "template/src/{{ package_name }}"
     edit(template / pkg / "loop.py", r"^    run\.global_step \+= 1\n",
          "    run.global_step += 1  # counted once the update is applied\n")  # fmt: skip
-    edit(template / pkg / "train.py", r"^(def build_run\()", "# Built once per run.\n\\1")
+    edit(template / pkg / "train.py.jinja", r"^(def build_run\()", "# Built once per run.\n\\1")
     edit(template / pkg / "config_base.py.jinja", r"default=50, metadata",
          "default=40, metadata")  # fmt: skip
     commit_all(template, "release 1.1.0")
