@@ -215,11 +215,12 @@ GPU_CHECK_RUNS = Path("runs", "gpu-check")
 # The data of the GPU session's training runs (also read by the profiler, tune, benchmark).
 GPU_SIZES = ["--epochs", "1", "--max-steps-per-epoch", "30", "--train-samples", "4096",
              "--val-samples", "500"]  # fmt: skip
-# The rehearsal's flags, added per command: the same steps on CPU with tiny data and a narrow
-# model (a CPU without native bf16 emulates it: the language model's default width took the
-# benchmark 88 s, width 16 a fifth of that), and the compile backend aot_eager (Dynamo's capture and AOT autograd, every compile flag parsed and
-# applied, no C++ built: inductor on CPU is what the generated suite's slow tests run). The
-# GPU tests are collected, not run, so an import or fixture error shows without a GPU.
+# The rehearsal's flags, added per command: the same steps on CPU with tiny data and a
+# narrow model (a CPU without native bf16 emulates it: the language model's benchmark
+# took 88 s at its default width, 20 s at 16), and the compile backend aot_eager
+# (Dynamo's capture and AOT autograd, every compile flag parsed and applied, no C++
+# built: inductor on CPU is what the generated suite's slow tests run). The GPU tests
+# are collected, not run, so an import or fixture error shows without a GPU.
 REHEARSAL_SHRINK = {
     "train": ["--epochs", "1", "--max-steps-per-epoch", "2", "--train-samples", "64",
               "--val-samples", "32", "--batch-size", "16", "--num-workers", "0",
