@@ -84,10 +84,13 @@ def user_env() -> tuple[UserEnv, dict[str, Path]]:
     folder.mkdir(parents=True)
     projects = {name: render(folder / name, answers) for name, answers in RENDERS.items()}
     env = UserEnv(folder)
-    for project in projects.values():
+    for index, project in enumerate(projects.values()):
         (extras,) = README_INSTALL.findall((project / "README.md").read_text())
         assert extras == ".[test]", "a default render's README installs no optional extra"
-        env.install(["-e", extras], project)
+        # After the last install, the environment's bytecode, as pip writes it at install (uv
+        # does not unless asked; CI's PYTHONDONTWRITEBYTECODE keeps processes from writing it).
+        last = index == len(projects) - 1 and env.installer[0] != str(env.python)
+        env.install(["-e", extras, *(["--compile-bytecode"] if last else [])], project)
     return env, projects
 
 

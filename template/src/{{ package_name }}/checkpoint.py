@@ -50,7 +50,7 @@ class SaveError(OSError):
     """A checkpoint could not be written (full disk, read-only or vanished folder).
 
     The message names the cause and the checkpoint that survives; the exit code is
-    `rundir.EXIT_IO_ERROR`.
+    `exits.EXIT_IO_ERROR`.
     """
 
 

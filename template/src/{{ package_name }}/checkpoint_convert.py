@@ -24,7 +24,7 @@ import torch
 from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from . import checkpoint, rundir, sharded_checkpoint
+from . import checkpoint, console, exits, sharded_checkpoint
 from .checkpoint import CheckpointError
 
 
@@ -43,7 +43,7 @@ def convert(source: Path, target: Path) -> dict[str, Any]:
                 dcp_to_torch_save(source, whole)
         except (Exception, CheckpointException) as error:  # a truncated or foreign folder
             written = checkpoint.write_failure(error)
-            if written is not None and written.errno in rundir.WRITE_ERRNOS:  # a full disk
+            if written is not None and written.errno in exits.WRITE_ERRNOS:  # a full disk
                 cause = written.strerror
                 raise checkpoint.SaveError(f"could not write {target}: {cause}") from None
             first = (str(error).strip().splitlines() or [type(error).__name__])[0]
@@ -71,7 +71,7 @@ def numbered(optimizer_state: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = rundir.Parser(
+    parser = exits.Parser(
         prog=f"python -m {__package__}.checkpoint_convert",
         description="Write a sharded (--parallel fsdp) checkpoint folder as one file that "
         "torch.load(..., weights_only=True) reads.",
@@ -90,12 +90,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.target} already exists and is kept; delete it or name another file"
             )
         state = convert(args.source, args.target)
-        rundir.safe_print(
+        console.safe_print(
             f"wrote {args.target}: step {state['step']}, "
             f"{sum(t.numel() for t in state['model'].values()):,} model values"
         )
 
-    return rundir.exit_code(run)
+    return exits.exit_code(run)
 
 
 if __name__ == "__main__":

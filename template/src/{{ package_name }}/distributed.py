@@ -168,3 +168,11 @@ def broadcast_buffers(model: nn.Module) -> None:
         return
     for buffer in model.buffers():
         dist.broadcast(buffer, src=0)
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank if `flag` is true on any rank (a no-op without torchrun)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    return bool(all_reduce(torch.tensor(float(flag), device=device), op="max"))
+

@@ -68,7 +68,7 @@ class Run:
     steps_per_epoch: int
     header: str  # the one line that describes the run when it starts
     record: dict[str, Any]  # metrics.run_record: the run's first metrics line, in checkpoints
-    log: Callable[[str], None]  # rundir.log on rank 0, silent elsewhere
+    log: Callable[[str], None]  # console.log on rank 0, silent elsewhere
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # task.loss_function()
     # Where the run stands: saved in every checkpoint (checkpoint_state.py), restored on
     # resume, with the `@slots.state` objects (the EMA, yours) by name.
@@ -185,7 +185,7 @@ def train_step(run: Run, batches: Iterator[Any], stop: StopSignal) -> tuple[torc
         healthy = step_is_finite(step_loss, grad_norm, scaler)
         blew_up, stop_now = _agree(healthy, stop.signum is not None, run.ctx, device)
     if blew_up:  # every rank got here: the verdict was all-reduced
-        kept = rundir.kept(run.last_path, run.best_path)
+        kept = exits.kept(run.last_path, run.best_path)
         raise blow_up_error(
             run.task, raw_model, micro_batches, precision, device, step_loss / accum,
             grad_norm, run.global_step + 1, kept,
@@ -309,8 +309,8 @@ def save_checkpoint(
     bad = checkpoint.first_nonfinite(run.raw_model)
     if bad is None and not math.isfinite(val_loss):
         bad = f"validation loss ({val_loss})"
-    if rundir.any_rank(bad is not None, device):
-        kept = rundir.kept(last_path, best_path)
+    if distributed.any_rank(bad is not None, device):
+        kept = exits.kept(last_path, best_path)
         raise utils.NonFiniteLossError(
             f"non-finite {bad or 'weights on another rank'} at step {run.global_step}, "
             f"epoch {epoch + (samples > 0)}: not saved; {kept}; "
@@ -326,5 +326,5 @@ def save_checkpoint(
             step_checkpoints.save_file(run, snapshot(run, epoch, samples, totals), improved)
         except SaveError as error:
             failure = error
-    if rundir.any_rank(failure is not None, device):
+    if distributed.any_rank(failure is not None, device):
         raise failure or SaveError("rank 0 could not write the checkpoint; see its message")

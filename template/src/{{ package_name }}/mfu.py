@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import rundir, utils
+from . import console, exits, utils
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 # A start-up probe below this share of the cached peak means a busy machine: warn.
@@ -466,14 +466,14 @@ class Utilization:
     def _tell(self, key: str, message: str) -> None:
         if key not in self.told:  # once per run, not on every log line
             self.told.add(key)
-            rundir.log(message)
+            console.log(message)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Print this machine's measured peak (the cached one, `--refresh` to measure again and
     keep the higher, `--reset` to replace it). Exit 0 with a peak (the line says whether a
     new measurement was kept), 1 when none could be measured."""
-    parser = rundir.Parser(prog="mfu", description=main.__doc__)
+    parser = exits.Parser(prog="mfu", description=main.__doc__)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS)
     parser.add_argument(

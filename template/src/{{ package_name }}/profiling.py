@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from . import rundir, utils
+from . import exits, utils
 from .config import Config, build_parser, parse_config
 from .task import task_for
 
@@ -107,7 +107,7 @@ def phase_shares(averages: Any) -> tuple[dict[str, float], float, int]:
 
 def main(argv: list[str] | None = None) -> int:
     """`profiling`; a stop signal or a known failure is one line and its exit code."""
-    return rundir.exit_code(lambda: _profile(argv), kept="what profiling wrote so far is kept")
+    return exits.exit_code(lambda: _profile(argv), kept="what profiling wrote so far is kept")
 
 
 def _profile(argv: list[str] | None) -> int:

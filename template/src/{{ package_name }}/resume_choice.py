@@ -105,7 +105,7 @@ def newest(folder: Path) -> Path | None:
         if problem is None:
             return path
         if int(os.environ.get("RANK", "0")) == 0:
-            with contextlib.suppress(BrokenPipeError, ValueError):  # as rundir.log
+            with contextlib.suppress(BrokenPipeError, ValueError):  # as console.log
                 tqdm.write(f"--resume auto: skipping {path}: {problem}; trying an older checkpoint")
     return found[0][1]
 

@@ -22,32 +22,20 @@ a crash are not recorded twice.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import errno
 import json
 import os
 import re
 import shutil
-import signal
 import socket
-import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO
 
 import torch
-import torch.distributed as dist
-from tqdm import tqdm
 
 from . import distributed, sharded_checkpoint
-from .checkpoint import CheckpointError, SaveError
-from .config import ConfigError
-from .data_sources import DataError
-from .files import PathError, WriteError
-from .stopping import Interrupted, Stopped, stop_signals_raise
-from .utils import NonFiniteLossError
+from .console import log
 
 try:
     import fcntl
@@ -55,9 +43,6 @@ except ImportError:  # pragma: no cover - Windows: no flock, the run dir is not 
     fcntl = None  # type: ignore[assignment]
 
 LOCK_NAME = ".lock"
-EXIT_IO_ERROR = 74  # EX_IOERR from sysexits.h: a checkpoint could not be written
-# Errors of a disk that refuses writes: one line and EXIT_IO_ERROR, not a traceback.
-WRITE_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EISDIR)
 # flock's answers: only these mean that another process holds the lock ...
 HELD_ERRNOS = (errno.EWOULDBLOCK, errno.EAGAIN)
 # ... and these that the file system keeps no locks: the run goes on, with one warning line.
@@ -226,16 +211,9 @@ def claim_on_rank_zero(
             lock = claim(run_dir, resume)
         except RunDirError as refused:
             error = refused
-    if any_rank(error is not None, device):
+    if distributed.any_rank(error is not None, device):
         raise error or RunDirError(f"rank 0 refused --run-dir {run_dir}; see its message")
     return lock
-
-
-def any_rank(flag: bool, device: torch.device) -> bool:
-    """True on every rank if `flag` is true on any rank (a no-op without torchrun)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return flag
-    return bool(distributed.all_reduce(torch.tensor(float(flag), device=device), op="max"))
 
 
 def _probe(folder: Path) -> None:
@@ -275,97 +253,3 @@ def trim_metrics(path: Path, step: int) -> int:
             file.write("".join(line + "\n" for line in kept))
         os.replace(tmp, path)
     return dropped
-
-
-def kept(last_path: Path, best_path: Path) -> str:
-    """Which checkpoints a failed run leaves, as the end of its error line."""
-    kept = [str(path) for path in (last_path, best_path) if path.exists()]
-    if not kept:
-        return "no checkpoint had been written yet"
-    return f"{' and '.join(kept)} {'is' if len(kept) == 1 else 'are'} untouched"
-
-
-def log(message: str) -> None:
-    """Rank 0's log line; a closed stdout (`... | head -1`) must not stop the run."""
-    with contextlib.suppress(BrokenPipeError, ValueError):
-        tqdm.write(message)
-
-
-def one_line(error: BaseException) -> str:
-    """The message of `error`, minus the traceback a DataLoader worker wraps around it."""
-    lines = [line for line in str(error).strip().splitlines() if line.strip()]
-    if not lines:
-        return type(error).__name__
-    marker = f"{type(error).__name__}: "
-    last = lines[-1]
-    return last.split(marker, 1)[1] if len(lines) > 1 and marker in last else lines[0]
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse for every entry point: no abbreviated flags (`--batch-siz` would change
-    meaning the day a second flag shares the prefix) and a bad flag is one line, exit 2."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs["allow_abbrev"] = False
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {message} (--help lists the flags)\n")
-
-
-def exit_code(run: Callable[[], object], *, kept: str = "checkpoints are as last saved") -> int:
-    """Call `run` and turn the known ways it can end into one line on stderr and an exit code.
-
-    0 done (or `run`'s own int); 1 the training blew up (nothing non-finite was saved); 2 bad
-    input: flags, data, a checkpoint, a path (`files.PathError`), or a run dir in use or
-    holding another run; 74 a checkpoint (or the metrics file, or an output: `kept` says what
-    survives) could not be written; 128+N stopped by signal N (after saving, in training).
-    """
-    try:
-        with stop_signals_raise():
-            result = run()
-    except (ConfigError, DataError, CheckpointError, RunDirError, PathError) as error:
-        safe_print(f"error: {one_line(error)}", file=sys.stderr)
-        return 2
-    except NonFiniteLossError as error:
-        safe_print(f"error: {error}", file=sys.stderr)
-        return 1
-    except Interrupted as stopped:
-        safe_print(stopped, file=sys.stderr)
-        return stopped.exit_code
-    except (Stopped, KeyboardInterrupt) as stopped:
-        signum = stopped.signum if isinstance(stopped, Stopped) else signal.SIGINT
-        safe_print(
-            f"stopped by {signal.Signals(signum).name}; {kept} (files are written whole, "
-            "then renamed: none is left half-written)",
-            file=sys.stderr,
-        )
-        return 128 + signum
-    except OSError as error:  # SaveError, WriteError, a full or read-only disk under metrics
-        written = isinstance(error, (SaveError, WriteError))
-        if not written and error.errno not in WRITE_ERRNOS:
-            raise
-        cause = error if written else f"{error}; {kept}"
-        safe_print(f"error: {cause}", file=sys.stderr)
-        return EXIT_IO_ERROR
-    finally:
-        quiet_closed_stdout()
-    return result if type(result) is int else 0
-
-
-def safe_print(*args: Any, **kwargs: Any) -> None:
-    """`print` that a closed stdout or stderr (`... | head -1`) cannot turn into a crash."""
-    with contextlib.suppress(BrokenPipeError, ValueError):
-        print(*args, **kwargs)
-
-
-def quiet_closed_stdout() -> None:
-    """Point a closed stdout at /dev/null, so the interpreter's final flush stays quiet."""
-    try:
-        sys.stdout.flush()
-    except (BrokenPipeError, ValueError):
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass

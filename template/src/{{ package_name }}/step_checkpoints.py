@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from . import checkpoint, resume_choice, rundir, sharded_checkpoint
+from . import checkpoint, console, distributed, resume_choice, sharded_checkpoint
 from .checkpoint import SaveError
 
 
@@ -103,7 +103,7 @@ def due(run: Any, step_in_epoch: int) -> bool:
     if plan.minutes is None:
         return False
     late = time.monotonic() - plan.last_save >= 60 * plan.minutes
-    return rundir.any_rank(late, run.device)  # clocks differ: rank 0's verdict is not enough
+    return distributed.any_rank(late, run.device)  # clocks differ: rank 0's verdict is not enough
 
 
 def target(run: Any) -> Path:
@@ -163,14 +163,14 @@ def finish(run: Any) -> None:
     """Wait for the save in flight; if it failed, raise its SaveError on every rank."""
     plan = run.saver
     failure = plan.writer.wait() if plan is not None and plan.writer is not None else None
-    if rundir.any_rank(failure is not None, run.device):
+    if distributed.any_rank(failure is not None, run.device):
         raise failure or SaveError("rank 0 could not write the checkpoint; see its message")
 
 
 def stopping(run: Any, stop: Any) -> bool:
     """Whether a stop signal arrived (on any rank) while the run saved: it stops now, on the
     checkpoint just written (no extra step, no second save), once the write is done."""
-    if not rundir.any_rank(stop.signum is not None, run.device):
+    if not distributed.any_rank(stop.signum is not None, run.device):
         return False
     finish(run)
     return True
@@ -182,7 +182,7 @@ def close(run: Any) -> None:
     if plan is not None and plan.writer is not None:
         failure = plan.writer.wait()
         if failure is not None:
-            rundir.safe_print(f"error: {failure}", file=sys.stderr)
+            console.safe_print(f"error: {failure}", file=sys.stderr)
 
 
 def cpu_copy(value: Any, memo: dict[Any, torch.Tensor]) -> Any:

@@ -3,7 +3,7 @@
 In training, `StopSignal` turns the first one into a flag that the loop reads at the next
 step boundary: it saves and raises `Interrupted` (exit 128 + N). Everywhere else (start-up,
 evaluation, `tune`), `stop_signals_raise` turns one into `Stopped`, which the entry point's
-`rundir.exit_code` ends with one line and 128 + N; a start-up pass over DataLoader workers
+`exits.exit_code` ends with one line and 128 + N; a start-up pass over DataLoader workers
 holds it until the batch in flight has arrived (`stops_between_batches`).
 """
 

@@ -39,7 +39,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from . import files, rundir
+from . import exits, files
 from .checkpoint import CheckpointError, Interrupted
 from .config import Config, ConfigError, load_toml, to_toml
 from .config_parsing import leaf_fields, read_toml
@@ -375,7 +375,7 @@ def plot(study: Any, path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = rundir.Parser(description=__doc__.split("\n")[0])
+    parser = exits.Parser(description=__doc__.split("\n")[0])
     parser.add_argument("--space", type=Path, default=Path("sweep.toml"), help="search space TOML")
     parser.add_argument("--study", help="study name (default: [sweep] study)")
     parser.add_argument("--storage", help="Optuna storage URL (default: sqlite in --out)")

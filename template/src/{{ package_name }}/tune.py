@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from . import files, rundir, utils
+from . import exits, files, utils
 from .benchmarks.timing import compare_rounds
 from .config import Config, ConfigError, build_parser, parse_config, to_toml
 from .stopping import Interrupted, Stopped
@@ -309,7 +309,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """`tune`; a stop signal or a known failure is one line and its exit code."""
-    return rundir.exit_code(lambda: _tune(argv), kept="--out is written only when tune finishes")
+    return exits.exit_code(lambda: _tune(argv), kept="--out is written only when tune finishes")
 
 
 def _tune(argv: list[str] | None) -> int:

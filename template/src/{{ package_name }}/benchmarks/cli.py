@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from .. import rundir, utils
+from .. import exits, utils
 from ..config import build_parser, parse_config
 from ..task import build_model_for, task_for  # build_model_for: one line if model.py lacks it
 from . import (
@@ -120,7 +120,7 @@ def parse_sections(text: str, parser: argparse.ArgumentParser) -> set[int]:
 def main(argv: list[str] | None = None) -> int:
     """The benchmark; a stop signal or a known failure is one line and its exit code."""
     kept = "benchmark.json is written when the run finishes"
-    return rundir.exit_code(lambda: _benchmark(argv), kept=kept)
+    return exits.exit_code(lambda: _benchmark(argv), kept=kept)
 
 
 def _benchmark(argv: list[str] | None) -> int:
