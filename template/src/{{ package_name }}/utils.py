@@ -109,7 +109,10 @@ def set_deterministic(enabled: bool, *, warn_only: bool = False) -> None:
     if enabled:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.backends.cudnn.benchmark = False
-    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+    # use_deterministic_algorithms imports torch's whole compiler stack (torch._inductor:
+    # about 4 s of CPU in every command that starts): called only to turn the mode on or off.
+    if enabled or torch.are_deterministic_algorithms_enabled():
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
     torch.backends.cudnn.deterministic = enabled
 
 
