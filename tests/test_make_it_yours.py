@@ -95,7 +95,8 @@ from pathlib import Path
 
 import torch
 
-from yours.checkpoint import Interrupted, load_checkpoint
+from yours.checkpoint import load_checkpoint
+from yours.stopping import Interrupted
 from yours.config import parse_config
 from yours.train import train
 

@@ -19,9 +19,6 @@ from typing import Any
 
 import torch
 
-from .stopping import Interrupted as Interrupted  # re-exported: imported from here before
-from .stopping import StopSignal as StopSignal
-
 FORMAT_VERSION = 1
 REQUIRED_KEYS = (
     "format",

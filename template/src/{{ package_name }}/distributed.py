@@ -175,4 +175,3 @@ def any_rank(flag: bool, device: torch.device) -> bool:
     if not (dist.is_available() and dist.is_initialized()):
         return flag
     return bool(all_reduce(torch.tensor(float(flag), device=device), op="max"))
-

@@ -27,19 +27,20 @@ from . import (
     checkpoint,
     checkpoint_state,
     distributed,
+    exits,
     parallel,
-    rundir,
     sharded_checkpoint,
     slots,
     step_checkpoints,
     utils,
 )
-from .checkpoint import SaveError, StopSignal
+from .checkpoint import SaveError
 from .checkpoint_state import Position
 from .config import Config
 from .data_sources import ResumableSampler
 from .metrics import Meter, MetricsWriter, add_totals, extra_means, peak_memory, summarize
 from .mfu import Utilization
+from .stopping import StopSignal
 from .task import Task, blow_up_error, evaluate, step_is_finite
 
 

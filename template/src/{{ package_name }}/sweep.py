@@ -40,11 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from . import exits, files
-from .checkpoint import CheckpointError, Interrupted
+from .checkpoint import CheckpointError
 from .config import Config, ConfigError, load_toml, to_toml
 from .config_parsing import leaf_fields, read_toml
 from .data_sources import DataError
 from .resume_choice import resolve_resume
+from .stopping import Interrupted
 from .task import task_for
 from .train import train
 
