@@ -52,6 +52,12 @@ MUTATIONS = [
         "        generator=None,\n",
         "test_utils_seeding.py",
     ),
+    Mutation(
+        "deterministic-switch-called-at-every-start",
+        "    if enabled or torch.are_deterministic_algorithms_enabled():\n",
+        "    if True:\n",
+        "test_utils_seeding.py",
+    ),
     # 2. Anomaly detection
     Mutation(
         "anomaly-never-enabled",
