@@ -55,7 +55,9 @@ class UserEnv:
         if uv:
             run([uv, "venv", "--quiet", "--python", sys.executable, self.venv], folder)
             self.installer = [uv, "pip", "install", "--quiet", "--python", str(self.python)]
-            self.installer += NOXFILE._pip_config_for_uv()
+            # Bytecode written at install, as pip writes it (uv does not unless asked, and
+            # CI's PYTHONDONTWRITEBYTECODE keeps the processes from writing it).
+            self.installer += [*NOXFILE._pip_config_for_uv(), "--compile-bytecode"]
         else:  # pip reads its own configuration; 25.1 installs dependency groups
             run([sys.executable, "-m", "venv", self.venv], folder)
             self.installer = [str(self.python), "-m", "pip", "install", "--quiet"]
@@ -84,13 +86,10 @@ def user_env() -> tuple[UserEnv, dict[str, Path]]:
     folder.mkdir(parents=True)
     projects = {name: render(folder / name, answers) for name, answers in RENDERS.items()}
     env = UserEnv(folder)
-    for index, project in enumerate(projects.values()):
+    for project in projects.values():
         (extras,) = README_INSTALL.findall((project / "README.md").read_text())
         assert extras == ".[test]", "a default render's README installs no optional extra"
-        # After the last install, the environment's bytecode, as pip writes it at install (uv
-        # does not unless asked; CI's PYTHONDONTWRITEBYTECODE keeps processes from writing it).
-        last = index == len(projects) - 1 and env.installer[0] != str(env.python)
-        env.install(["-e", extras, *(["--compile-bytecode"] if last else [])], project)
+        env.install(["-e", extras], project)
     return env, projects
 
 
