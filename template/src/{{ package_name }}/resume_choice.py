@@ -7,15 +7,13 @@ Its own module so that checkpoint.py (reading and writing one file) and step_che
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
-from . import checkpoint, sharded_checkpoint
+from . import checkpoint, console, sharded_checkpoint
 from .checkpoint import REQUIRED_KEYS, CheckpointError
 
 STEP_NAME = re.compile(r"step-(\d+)(\.pt|\.dcp)")
@@ -105,8 +103,7 @@ def newest(folder: Path) -> Path | None:
         if problem is None:
             return path
         if int(os.environ.get("RANK", "0")) == 0:
-            with contextlib.suppress(BrokenPipeError, ValueError):  # as console.log
-                tqdm.write(f"--resume auto: skipping {path}: {problem}; trying an older checkpoint")
+            console.log(f"--resume auto: skipping {path}: {problem}; trying an older checkpoint")
     return found[0][1]
 
 
