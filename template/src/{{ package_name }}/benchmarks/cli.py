@@ -21,6 +21,7 @@ from . import (
     compiling,
     debug_switches,
     evaluation,
+    generation,
     loop_overhead,
     pin_memory,
     saving,
@@ -43,6 +44,7 @@ SECTIONS: dict[int, tuple[str, str]] = {
     7: ("throughput", "Throughput and model FLOPs utilization"),
     8: ("attention", "Attention: fused SDPA kernels vs the math kernel (training step)"),
     9: ("checkpoint_saves", "Checkpoint saves: step time during a save vs without one"),
+    10: ("generation", "Generation: key/value cache vs recomputing the window"),
 }
 
 RUNNERS: dict[int, Callable[[Context], dict[str, Any]]] = {
@@ -55,6 +57,7 @@ RUNNERS: dict[int, Callable[[Context], dict[str, Any]]] = {
     7: throughput.section_throughput,
     8: attention.section_attention,
     9: saving.section_checkpoint_saves,
+    10: generation.section_generation,
 }
 
 
@@ -87,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a run of seconds (tests, smoke checks); numbers are rough",
     )
     group.add_argument(
-        "--sections", default="1,2,3,4,5,6,7,8,9", help="comma-separated section numbers to run"
+        "--sections", default="1,2,3,4,5,6,7,8,9,10", help="comma-separated section numbers to run"
     )
     group.add_argument(
         "--min-run-time",
