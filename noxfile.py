@@ -315,9 +315,7 @@ def _update_tests_on_min_copier(session: nox.Session) -> None:
         _run(session, "-m", "pip", "install", "--quiet", "--target", target,
              f"copier=={MIN_COPIER}")  # fmt: skip
     env = {"PYTHONPATH": str(target), "EXPECT_COPIER_VERSION": MIN_COPIER}
-    # Two workers, one test each: the two update tests take most of the time.
-    _run(session, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "-k", MIN_COPIER_TESTS,
-         env=env)  # fmt: skip
+    _run(session, "-m", "pytest", "-p", "no:cacheprovider", "-k", MIN_COPIER_TESTS, env=env)
 
 
 @nox.session(venv_backend="none", requires=["env"])

@@ -23,7 +23,7 @@ TESTS = "test_language_model.py"
 MUTATIONS = [
     # ---- model.py: causality, weight tying, the FLOPs MFU divides ------------------------
     bug("lm-attention-sees-the-future", "model.py",
-        "q, k, v, is_causal=True,", "q, k, v, is_causal=False,",
+        "is_causal=mask is None,", "is_causal=False,",
         TESTS, "causal_tied or fused_attention"),
     bug("lm-output-layer-not-tied", "model.py",
         "self.head.weight = self.token.weight", "self.head.weight = self.head.weight",
@@ -52,7 +52,7 @@ MUTATIONS = [
         TESTS, "bigram"),
     # ---- generate.py: greedy, top-k, the context window -------------------------------------
     bug("lm-greedy-takes-the-least-likely-byte", "generate.py",
-        "following = logits.argmax().view(1)", "following = logits.argmin().view(1)",
+        "return logits.argmax().view(1)", "return logits.argmin().view(1)",
         TESTS, "deterministic_by_seed"),
     bug("lm-top-k-ignored", "generate.py",
         "if top_k is not None and top_k < logits.numel():", "if False:",
@@ -65,6 +65,30 @@ MUTATIONS = [
         "logits = model(tokens[:, -seq_len:])[0, -1].float()",
         "logits = model(tokens[:, :seq_len])[0, -1].float()",
         TESTS, "slides"),
+    # ---- the key/value cache, top-p, stop strings (issue 37) -------------------------------
+    bug("lm-cache-hides-each-new-position-from-itself", "model.py",
+        "mask = seen <= at[:, None]", "mask = seen < at[:, None]",
+        "test_generate.py", "cached_forward"),
+    bug("lm-cache-positions-start-at-zero", "model.py",
+        "positions = torch.arange(start, start + length, device=tokens.device)",
+        "positions = torch.arange(length, device=tokens.device)",
+        "test_generate.py", "cached_forward"),
+    bug("lm-full-cache-restarts-from-a-quarter-window", "generate.py",
+        "max(1, seq_len // 2)", "max(1, seq_len // 4)",
+        "test_generate.py", "full_cache"),
+    bug("lm-stop-string-streamed-before-it-is-found", "generate.py",
+        "emitted, hold = 0, max((len(s) - 1 for s in stop), default=0)", "emitted, hold = 0, 0",
+        "test_generate.py", "stop_string"),
+    bug("lm-top-p-drops-the-byte-that-reaches-p", "generate.py",
+        "after = probs.cumsum(-1) - probs >= top_p", "after = probs.cumsum(-1) >= top_p",
+        "test_generate.py", "top_p"),
+    # ---- best.pt by bits per byte (issue 37) ------------------------------------------------
+    bug("lm-best-by-next-byte-accuracy", "text.py",
+        'best_by = ("val_bpb", False)', 'best_by = ("val_acc", True)',
+        "test_lm_training.py", "lowest_validation"),
+    bug("lm-best-from-a-non-finite-figure", "loop.py",
+        "    if not math.isfinite(value):\n        return False", "    if False:\n        return False",
+        "test_lm_training.py", "lowest_validation"),
     # ---- a second outside reader's bugs (not seen the tests) that the fast suite missed ----
     bug("outsider-compress-rescores-first-window-of-each-batch", "compress.py",
         "scored[batch == 0] = True", "scored[0] = True",

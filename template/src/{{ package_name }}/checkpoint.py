@@ -288,9 +288,12 @@ def _malformed(state: dict[str, Any]) -> str | None:
     for key in ("model", "optimizer", "scheduler", "scaler", "config", "rng"):
         if not isinstance(state[key], dict):
             return f"'{key}' must be a dict, got {type(state[key]).__name__}"
-    best = state.get("best_val_acc", -1.0)
-    if not isinstance(best, (int, float)) or isinstance(best, bool) or not math.isfinite(best):
-        return f"'best_val_acc' must be a finite number, got {best!r}"
+    for key in [key for key in state if str(key).startswith("best_val_")]:
+        best = state[key]
+        if best is None:  # no validation yet
+            continue
+        if not isinstance(best, (int, float)) or isinstance(best, bool) or not math.isfinite(best):
+            return f"'{key}' must be a finite number or None, got {best!r}"
     for key in ("epoch_totals", "metrics"):
         if not isinstance(state.get(key, {}), dict):
             return f"'{key}' must be a dict"

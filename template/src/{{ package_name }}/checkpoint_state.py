@@ -102,15 +102,15 @@ def _save_progress(run: Any, at: Position) -> dict[str, Any]:
         "epoch": at.epoch,
         "samples_in_epoch": at.samples_in_epoch,
         "step": run.global_step,
-        "best_val_acc": run.best_acc,
         "epoch_totals": at.totals,
         "metrics": run.result,
+        f"best_{run.task.best_by[0]}": run.best,  # None before the first validation
     }
 
 
 def _load_progress(run: Any, state: dict[str, Any], path: Path) -> None:
     run.epoch, run.skip_samples = state["epoch"], state["samples_in_epoch"]
-    run.global_step, run.best_acc = state["step"], state.get("best_val_acc", -1.0)
+    run.global_step, run.best = state["step"], state.get(f"best_{run.task.best_by[0]}")
     run.epoch_totals = dict(state.get("epoch_totals", {}))
     run.result = dict(state.get("metrics", {}))
 

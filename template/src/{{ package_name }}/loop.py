@@ -76,7 +76,7 @@ class Run:
     epoch: int = 0  # the epoch to start (or resume) in
     skip_samples: int = 0  # samples of that epoch already done (per rank)
     global_step: int = 0
-    best_acc: float = -1.0
+    best: float | None = None  # the best validation figure of task.best_by so far
     epoch_totals: dict[str, float] = field(default_factory=dict)
     result: dict[str, Any] = field(default_factory=dict)  # the last epoch's metrics
     states: dict[str, slots.Stateful] = field(default_factory=dict)
@@ -237,7 +237,8 @@ def log_progress(run: Run, writer: MetricsWriter, epoch: int, bar: tqdm[Any]) ->
 
 
 def end_epoch(run: Run, writer: MetricsWriter, epoch: int) -> None:
-    """Evaluate, write the `epoch` record, save last.pt (and best.pt when val_acc improved)."""
+    """Evaluate, write the `epoch` record, save last.pt (and best.pt when the task's
+    `best_by` figure improved: val_acc for images, val_bpb for a language model)."""
     add_totals(run.epoch_totals, run.meter.read())
     distributed.broadcast_buffers(run.raw_model)
     # The uncompiled model: the compiled graph was traced in training mode, and inference
@@ -267,9 +268,8 @@ def end_epoch(run: Run, writer: MetricsWriter, epoch: int) -> None:
     }
     slots.run_callbacks("after_validation", run)
     writer.write({**result, "step": run.global_step})
-    improved = val["val_acc"] > run.best_acc
-    run.best_acc = max(run.best_acc, val["val_acc"])
-    result["best_val_acc"] = run.best_acc
+    improved = improves(run, val)
+    result[f"best_{run.task.best_by[0]}"] = run.best
     run.log(
         f"epoch {epoch + 1}/{run.config.optim.epochs}  train loss {result['train_loss']:.4f} "
         f"acc {result['train_acc']:.3f} | val loss {val['val_loss']:.4f} "
@@ -280,7 +280,20 @@ def end_epoch(run: Run, writer: MetricsWriter, epoch: int) -> None:
     save_checkpoint(run, epoch + 1, 0, {}, improved=improved, val_loss=val["val_loss"])
     if improved:
         best = {"kind": "best", "step": run.global_step, "epoch": epoch + 1}
-        writer.write({**best, "val_acc": run.best_acc, "path": str(run.best_path)})
+        writer.write({**best, run.task.best_by[0]: run.best, "path": str(run.best_path)})
+
+
+def improves(run: Run, val: dict[str, float]) -> bool:
+    """Whether this validation beats the best so far by the task's `best_by` figure (a first
+    finite one always does), and if so, keep it as the best."""
+    name, higher = run.task.best_by
+    value = val[name]
+    if not math.isfinite(value):
+        return False
+    if run.best is not None and not (value > run.best if higher else value < run.best):
+        return False
+    run.best = value
+    return True
 
 
 def validation_model(run: Run) -> nn.Module:

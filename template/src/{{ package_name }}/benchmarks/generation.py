@@ -3,9 +3,10 @@
 A model that keeps its keys and values (`new_cache`, as the language model's GPT does) runs
 one position per generated token; without the cache, every token recomputes the whole window
 before it. Both generate the same number of tokens from the same prompt with the project's
-own `generate.sample`, greedily, so both produce the same text: the prompt is half the window
-(`--seq-len`), the tokens fill the other half, so the last ones see the whole window. A model
-without `new_cache` (the image models) is skipped.
+own `generate.sample`, greedily: the prompt fills three quarters of the window (`--seq-len`)
+and the tokens the last quarter, so recomputing runs a forward over three quarters to all of
+the window for every token, and both see the same tokens and give the same text (the section
+says whether they did). A model without `new_cache` (the image models) is skipped.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def section_generation(ctx: Context) -> dict[str, Any]:
         raise Skip("the model keeps no key/value cache (no new_cache): nothing to compare")
     generate = importlib.import_module(f"{__package__.rpartition('.')[0]}.generate")
     window = int(getattr(model, "seq_len", ctx.config.model.seq_len))
-    prompt_length, new = window // 2, window - window // 2
+    new = max(1, window // 4)
+    prompt_length = window - new
     prompt = bytes(torch.randint(0, 256, (prompt_length,), generator=torch.Generator()).tolist())
 
     def run(cache: bool) -> Any:
