@@ -23,7 +23,7 @@ TESTS = "test_language_model.py"
 MUTATIONS = [
     # ---- model.py: causality, weight tying, the FLOPs MFU divides ------------------------
     bug("lm-attention-sees-the-future", "model.py",
-        "is_causal=mask is None,", "is_causal=False,",
+        "mask, causal = None, True", "mask, causal = None, False",
         TESTS, "causal_tied or fused_attention"),
     bug("lm-output-layer-not-tied", "model.py",
         "self.head.weight = self.token.weight", "self.head.weight = self.head.weight",
