@@ -132,7 +132,9 @@ class Runner:
             (fake_text_folder if language_model else fake_image_folder)(self.project / data_dir)
         shrink = SHRINK_BY_MODULE.get(short, [])
         if language_model and short == "train":
-            shrink = [*shrink, "--epochs", "1"]  # a transformer's step is slower: one epoch
+            # A transformer's step is slower: one epoch, and windows of 64 tokens (the 256 of
+            # configs/cpu-30min.toml took 30 s here in bf16, emulated on a CPU without it).
+            shrink = [*shrink, "--epochs", "1", "--seq-len", "64"]
         return {"cwd": str(self.project), "module": module, "args": [*args, *shrink]}
 
     def shell(self, words: list[str], cwd: Path, env: dict[str, str] | None = None):
