@@ -135,6 +135,11 @@ class Runner:
             # A transformer's step is slower: one epoch, and windows of 64 tokens (the 256 of
             # configs/cpu-30min.toml took 30 s here in bf16, emulated on a CPU without it).
             shrink = [*shrink, "--epochs", "1", "--seq-len", "64"]
+            if any(flag in args for flag in BUDGETS):
+                # A step budget sets the epochs and refuses --max-steps-per-epoch: its own
+                # flags shrink instead.
+                args = shrink_budget(args)
+                shrink = [*SHRINK[:-2], "--seq-len", "64"]
         return {"cwd": str(self.project), "module": module, "args": [*args, *shrink]}
 
     def shell(self, words: list[str], cwd: Path, env: dict[str, str] | None = None):
@@ -201,6 +206,15 @@ def start_driver(project: Path, steps: list[dict]) -> subprocess.Popen[str]:
 
 
 RUN_OUTPUTS = re.compile(r"runs/|metrics\.jsonl|checkpoints|profiles|benchmarks|--resume")
+
+
+# A language model's step budget, shrunk to three steps validated every two (the last cut).
+BUDGETS = {"--max-steps": "3", "--max-tokens": str(3 * 16 * 64), "--eval-every": "2"}
+
+
+def shrink_budget(args: list[str]) -> list[str]:
+    """`args` with each budget flag's value replaced: the same flags, a few steps' worth."""
+    return [BUDGETS.get(before, arg) for before, arg in zip(["", *args[:-1]], args, strict=True)]
 
 
 def touches_tracked_files_only(words: list[str]) -> bool:

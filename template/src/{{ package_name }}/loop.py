@@ -67,6 +67,7 @@ class Run:
     meter: Meter
     utilization: Utilization
     steps_per_epoch: int
+    total_steps: int  # --epochs x steps_per_epoch, or the LM's --max-steps (its last is cut)
     header: str  # the one line that describes the run when it starts
     record: dict[str, Any]  # metrics.run_record: the run's first metrics line, in checkpoints
     log: Callable[[str], None]  # console.log on rank 0, silent elsewhere
@@ -103,6 +104,10 @@ class Run:
         suffix = sharded_checkpoint.SUFFIX if self.sharded else ".pt"
         return Path(self.config.run.run_dir) / "checkpoints" / f"{name}{suffix}"
 
+    def steps_in(self, epoch: int) -> int:
+        """Optimizer steps in `epoch`: all of them, but the budget's last stops at its end."""
+        return max(0, min(self.steps_per_epoch, self.total_steps - epoch * self.steps_per_epoch))
+
     @property
     def samples_per_step(self) -> int:
         return self.config.optim.grad_accum_steps * self.config.optim.batch_size  # per rank
@@ -127,7 +132,7 @@ def begin_epoch(run: Run, epoch: int) -> tuple[int, Iterator[Any]]:
 
 def progress_bar(run: Run, epoch: int, first_step: int) -> tqdm[Any]:
     return tqdm(
-        total=run.steps_per_epoch,
+        total=run.steps_in(epoch),
         initial=first_step,
         leave=False,
         desc=f"epoch {epoch + 1}/{run.config.optim.epochs}",

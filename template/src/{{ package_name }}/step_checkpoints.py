@@ -96,7 +96,7 @@ def due(run: Any, step_in_epoch: int) -> bool:
     """Whether --save-every (or --save-every-minutes) asks for a save after this step; the
     same answer on every rank. Never on an epoch's last step: the epoch's end saves."""
     plan = saver(run)
-    if step_in_epoch + 1 >= run.steps_per_epoch:
+    if step_in_epoch + 1 >= run.steps_per_epoch or run.global_step >= run.total_steps:
         return False
     if plan.every is not None:
         return bool(run.global_step % plan.every == 0)
