@@ -82,6 +82,16 @@ MUTATIONS = [
     bug("lm-top-p-drops-the-byte-that-reaches-p", "generate.py",
         "after = probs.cumsum(-1) - probs >= top_p", "after = probs.cumsum(-1) >= top_p",
         "test_generate.py", "top_p"),
+    # ---- rotary positions (issue 37) --------------------------------------------------------
+    bug("lm-rope-turns-the-keys-only", "model.py",
+        "q, k = rotate(q, angles), rotate(k, angles)", "k = rotate(k, angles)",
+        TESTS, "wherever_the_window_starts"),
+    bug("lm-rope-one-angle-for-every-pair", "model.py",
+        "base ** (-pairs / head_dim)", "base ** (-pairs[:1] / head_dim)",
+        TESTS, "rope_turns"),
+    bug("lm-old-checkpoints-taken-as-rope", "checkpoint.py",
+        'BEFORE_THE_SETTING = {"position": "learned"}', 'BEFORE_THE_SETTING = {}',
+        "test_lm_training.py", "old_one_is_learned"),
     # ---- best.pt by bits per byte (issue 37) ------------------------------------------------
     bug("lm-best-by-next-byte-accuracy", "text.py",
         'best_by = ("val_bpb", False)', 'best_by = ("val_acc", True)',
@@ -116,7 +126,8 @@ MUTATIONS = [
         "test_evaluate_text.py", "every_byte"),
     # ---- step checkpoints in the LM render (issue 36) --------------------------------------
     bug("lm-save-every-never-saves-mid-epoch", "step_checkpoints.py",
-        "if step_in_epoch + 1 >= run.steps_per_epoch:", "if True:",
+        "if step_in_epoch + 1 >= run.steps_per_epoch or run.global_step >= run.total_steps:",
+        "if True:",
         "test_step_checkpoints.py", "sigkill or keep_last_keeps"),
     bug("lm-checkpoint-mapped-whole-onto-the-device", "generate.py",
         "state = read_model(path)", "state = read_model(path, device)",

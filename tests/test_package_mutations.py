@@ -171,7 +171,7 @@ MUTATIONS = [
         "step_checkpoints.finish(run)  # written before the line says it is", "pass",
         "test_step_checkpoints.py", "stop_signal_waits"),
     bug("a-signal-during-validation-runs-one-more-step", "train.py",
-        "if epoch + 1 < config.optim.epochs and step_checkpoints.stopping(run, stop):",
+        "if epoch + 1 < epochs and step_checkpoints.stopping(run, stop):",
         "if False:",
         "test_step_checkpoints.py", "during_validation"),
     bug("save-pairs-span-an-epochs-end", "benchmarks/saving.py",

@@ -35,8 +35,10 @@ REQUIRED_KEYS = (
 # Config fields that decide the shapes in the state dict: a mismatch is a clear error up front.
 MODEL_FIELDS = (
     *("model", "width", "image_size", "num_classes", "data_dir"),
-    *("depth", "heads", "seq_len"),  # the language model's (absent from an image config)
+    *("depth", "heads", "seq_len", "position"),  # the language model's (not an image config's)
 )
+# What a checkpoint saved before a model-shaping setting existed was trained with.
+BEFORE_THE_SETTING = {"position": "learned"}
 
 
 class CheckpointError(RuntimeError):
@@ -336,7 +338,7 @@ def check_compatible(state: dict[str, Any], config: dict[str, Any], path: Path) 
     """Refuse a checkpoint whose model-shaping settings differ from this run's."""
     # Flat names on both sides: this template records `Config.flat()`; a nested record
     # (`to_dict()`, written by hand or by a fork) compares the same way.
-    saved, config = flat_record(state["config"]), flat_record(config)
+    saved, config = with_old_defaults(state["config"], config), flat_record(config)
     for name in MODEL_FIELDS:
         if saved.get(name) != config.get(name):
             flag = "--" + name.replace("_", "-")
@@ -349,6 +351,16 @@ def check_compatible(state: dict[str, Any], config: dict[str, Any], path: Path) 
             f"checkpoint {path} was trained with --freeze (the head only); repeat --freeze "
             f"--init-from {saved.get('init_from')} to continue it, or use a new --run-dir"
         )
+
+
+def with_old_defaults(saved: dict[str, Any], leaves: Any) -> dict[str, Any]:
+    """A saved config record, flat, with BEFORE_THE_SETTING filled in where it lacks a
+    setting that `leaves` (this code's settings: names, a Config record or fields) has."""
+    flat = flat_record(saved)
+    for name, value in BEFORE_THE_SETTING.items():
+        if name in leaves:
+            flat.setdefault(name, value)
+    return flat
 
 
 def flat_record(values: dict[str, Any]) -> dict[str, Any]:
