@@ -14,8 +14,11 @@ from pathlib import Path
 
 import copier
 import pytest
+import yaml
 
 from helpers import ROOT, copy_template_repo, git, git_init_commit, render, run
+from test_update import conflict_markers, files_without_commit, skipped_on_update, update
+from upgrade_notes import follow, parse_steps
 
 pytestmark = pytest.mark.update
 
@@ -109,3 +112,45 @@ def test_a_deleted_template_file_stays_deleted_and_benchmarks_still_update(templ
     assert git(project, "diff", "--name-only", "--diff-filter=U") == ""
     init = project / "src" / PACKAGE / "benchmarks" / "__init__.py"
     assert init.read_text().startswith("# a change of the next release")
+
+
+# The commit released as v0.1.0, the last with the yes/no `tensorboard` question.
+RELEASE_V010 = "11c99402b04b441478610d7af8187603415a5cc1"
+
+
+def test_a_v010_project_updates_by_the_notes_to_a_fresh_copy(tmp_path):
+    """`tracker` replaced the `tensorboard` question: updating a v0.1.0 project made with
+    tensorboard=true keeps TensorBoard as its tracker, and the old answer leaves the file.
+    Then every Upgrade note since 0.1.0 applies, oldest first as docs/updating.md says, and
+    the project is exactly a fresh copy's files (the user's README aside), whose whole suite
+    the render matrix runs. (A project with edits follows the notes from 0.2.0: the kept
+    example.)"""
+    history = tmp_path / "history"
+    run(["git", "clone", "-q", "--no-checkout", ROOT, history], tmp_path)
+    for tag in git(history, "tag", "--list").split():
+        git(history, "tag", "-d", tag)
+    git(history, "tag", "v0.1.0", RELEASE_V010)
+    current = copy_template_repo(tmp_path / "current")
+    git(history, "fetch", "-q", str(current), "main")
+    git(history, "tag", "v1.0.0", "FETCH_HEAD")
+    answers = {"project_name": "tb-project", "tensorboard": True}
+    project = render(tmp_path / "project", answers, src=history, vcs_ref="v0.1.0")
+    git_init_commit(project, "rendered from v0.1.0")
+
+    update(project, vcs_ref="v1.0.0", conflict="inline")
+
+    recorded = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert recorded["tracker"] == "tensorboard" and "tensorboard" not in recorded
+    config = (project / "src" / "tb_project" / "config_base.py").read_text()
+    tracker = 'tracker: Literal["none", "tensorboard", "mlflow", "wandb"] = field(\n'
+    assert tracker + '        default="tensorboard"' in config
+    assert conflict_markers(project) == []
+
+    follow(
+        project, "tb_project", "image", parse_steps((ROOT / "CHANGELOG.md").read_text(), "0.1.0")
+    )
+    fresh = files_without_commit(render(tmp_path / "fresh", answers, src=history, vcs_ref="v1.0.0"))
+    updated = files_without_commit(project)
+    assert sorted(updated) == sorted(fresh)
+    differing = [name for name in fresh if updated[name] != fresh[name]]
+    assert differing == skipped_on_update(), differing
