@@ -71,7 +71,7 @@ class Run:
     header: str  # the one line that describes the run when it starts
     record: dict[str, Any]  # metrics.run_record: the run's first metrics line, in checkpoints
     log: Callable[[str], None]  # console.log on rank 0, silent elsewhere
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # task.loss_function()
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # task.training_loss(config)
     # Where the run stands: saved in every checkpoint (checkpoint_state.py), restored on
     # resume, with the `@slots.state` objects (the EMA, yours) by name.
     epoch: int = 0  # the epoch to start (or resume) in
