@@ -2,7 +2,7 @@
 
 One module per section, plus `timing` (what they share) and `cli` (the command line).
 
-Ten sections, side by side in one run. Every figure is a measurement from this run with its
+Eleven sections, side by side in one run. Every figure is a measurement from this run with its
 spread (median and interquartile range from `torch.utils.benchmark`), or a ratio from
 interleaved rounds with its spread across rounds ("within noise" when that spread covers 1.0),
 or `skipped: <reason>`. Model FLOPs utilization is divided by a peak measured on this device
@@ -21,6 +21,8 @@ or `skipped: <reason>`. Model FLOPs utilization is divided by a peak measured on
    blocking) against a step without one
 10. generation with a key/value cache versus recomputing the window for every token (a
     language model; a model without `new_cache` is skipped)
+11. training-image augmentation: the loader's samples/s with crop-flip, TrivialAugment and
+    random erasing, as a share of the same loader without them (an image task)
 
 The table is printed, the numbers go to `<out>/benchmark.json`, and a chart to
 `<out>/benchmark.png` when matplotlib is installed (`pip install '.[plot]'`). `--quick` takes

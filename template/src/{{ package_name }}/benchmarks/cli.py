@@ -18,6 +18,7 @@ from ..config import build_parser, parse_config
 from ..task import build_model_for, task_for  # build_model_for: one line if model.py lacks it
 from . import (
     attention,
+    augmentation,
     compiling,
     debug_switches,
     evaluation,
@@ -45,6 +46,7 @@ SECTIONS: dict[int, tuple[str, str]] = {
     8: ("attention", "Attention: fused SDPA kernels vs the math kernel (training step)"),
     9: ("checkpoint_saves", "Checkpoint saves: step time during a save vs without one"),
     10: ("generation", "Generation: key/value cache vs recomputing the window"),
+    11: ("augmentation", "Training-image augmentation: loader samples/s vs none"),
 }
 
 RUNNERS: dict[int, Callable[[Context], dict[str, Any]]] = {
@@ -58,6 +60,7 @@ RUNNERS: dict[int, Callable[[Context], dict[str, Any]]] = {
     8: attention.section_attention,
     9: saving.section_checkpoint_saves,
     10: generation.section_generation,
+    11: augmentation.section_augmentation,
 }
 
 
@@ -90,7 +93,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a run of seconds (tests, smoke checks); numbers are rough",
     )
     group.add_argument(
-        "--sections", default="1,2,3,4,5,6,7,8,9,10", help="comma-separated section numbers to run"
+        "--sections",
+        default=",".join(map(str, SECTIONS)),
+        help="comma-separated section numbers to run (default: all)",
     )
     group.add_argument(
         "--min-run-time",

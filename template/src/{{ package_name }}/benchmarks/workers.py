@@ -37,7 +37,7 @@ def section_workers(ctx: Context) -> dict[str, Any]:
         raise Skip(f"the {ctx.task.name} task reads a memory-mapped token file: no workers")
     notes: list[str] = []
     with contextlib.ExitStack() as stack:
-        data_dir, source = _image_folder(ctx, stack)
+        data_dir, source = image_folder(ctx, stack)
         on_disk = config.replace(data_dir=str(data_dir))
         try:
             train_set, _, info = build_datasets(on_disk)
@@ -84,7 +84,7 @@ def section_workers(ctx: Context) -> dict[str, Any]:
     }
 
 
-def _image_folder(ctx: Context, stack: contextlib.ExitStack) -> tuple[Path, str]:
+def image_folder(ctx: Context, stack: contextlib.ExitStack) -> tuple[Path, str]:
     """(--data-dir, or a temporary folder of JPEGs removed with `stack`; its description)."""
     config = ctx.config
     if ctx.data_dir is not None:
