@@ -81,6 +81,10 @@ ENV_PACKAGES = [
     "alembic>=1.13",
     "wandb>=0.20",
     "optuna>=3.6",
+    # The language model's Hugging Face formats (extra `hf`) and its parity tests.
+    "tokenizers>=0.20",
+    "safetensors>=0.4",
+    "transformers>=4.40",
     "mkdocs-material>=9.5",  # the docs session and tests/test_docs.py build the site
 ]
 NO_CUDA = "no CUDA device: GPU checks skipped"

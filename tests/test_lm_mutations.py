@@ -20,7 +20,57 @@ from mutations import PACKAGE, Mutation, assert_caught, bug, render_to_mutate, r
 
 TESTS = "test_language_model.py"
 
+TOKENIZERS, GPT2 = "test_tokenizers.py", "test_gpt2_format.py"
+
 MUTATIONS = [
+    # ---- tokenizer.py, and bits per byte across tokenizers (issue 37) ----------------------
+    bug("lm-a-literal-end-of-text-splits-documents", "tokenizer.py",
+        "self.inner.encode_special_tokens = True", "self.inner.encode_special_tokens = False",
+        TOKENIZERS, "gives_back_every_text"),
+    bug("lm-bpe-pieces-decoded-token-by-token", "tokenizer.py",
+        "if byte_level and all(char in BYTE_OF for char in name):", "if False:",
+        TOKENIZERS, "gives_back_every_text"),
+    bug("lm-documents-run-into-each-other", "text.py",
+        "ids = ids + ([tokenizer.eot] if tokenizer.eot is not None else [])", "ids = ids",
+        TOKENIZERS, "each_document_then"),
+    bug("lm-bpe-learns-from-the-held-out-tail", "text.py",
+        "_training_texts(files, total * (1 - config.data.val_fraction))",
+        "_training_texts(files, total)",
+        TOKENIZERS, "training_part_only"),
+    bug("lm-bytes-of-the-inputs-not-the-targets", "text.py",
+        "targets = dataset.starts[:, None] + 1 + torch.arange(dataset.seq_len)",
+        "targets = dataset.starts[:, None] + torch.arange(dataset.seq_len)",
+        TOKENIZERS, "bits_per_byte_of_its_text"),
+    bug("lm-bits-per-token-reported-as-per-byte", "text.py",
+        'values = {f"{prefix}bpb": record["loss"] / math.log(2) / per_token}',
+        'values = {f"{prefix}bpb": record["loss"] / math.log(2)}',
+        TOKENIZERS, "bits_per_byte_of_its_text"),
+    bug("lm-evaluate-counts-tokens-as-bytes", "evaluate.py",
+        "size += int(sizes[targets.cpu()].sum())", "size += targets.numel()",
+        TOKENIZERS, "bits_per_byte_of_its_text"),
+    bug("lm-resume-with-another-tokenizer", "text.py",
+        'if record.get("tokenizer", "bytes") != self.tokenizer.fingerprint():', "if False:",
+        TOKENIZERS, "bits_per_byte_of_its_text"),
+    # ---- gpt2_format.py: GPT-2 folders in and out ------------------------------------------
+    bug("lm-gpt2-mlp-projection-not-transposed", "gpt2_format.py",
+        'TRANSPOSED = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")',
+        'TRANSPOSED = ("attn.c_attn", "attn.c_proj", "mlp.c_fc")',
+        GPT2, "logits_and_greedy"),
+    bug("lm-gpt2-gelu-taken-as-exact", "gpt2_format.py",
+        '"gelu_new": "gelu-tanh",', '"gelu_new": "gelu",',
+        GPT2, "logits_and_greedy"),
+    bug("lm-gpt2-norms-swapped", "gpt2_format.py",
+        '"ln_1": "norm1",', '"ln_1": "norm2",',
+        GPT2, "logits_and_greedy"),
+    bug("lm-exported-head-untied", "gpt2_format.py",
+        '"tie_word_embeddings": True,', '"tie_word_embeddings": False,',
+        GPT2, "exported_checkpoint"),
+    bug("lm-export-replaces-an-existing-folder", "gpt2_format.py",
+        "    if out.exists():\n        raise", "    if False:\n        raise",
+        GPT2, "refuses_rotary"),
+    bug("lm-init-from-weights-never-loaded", "train.py",
+        "    gpt2_format.init_from(raw_model, config, log)", "    pass",
+        GPT2, "fine_tuning_starts"),
     # ---- model.py: causality, weight tying, the FLOPs MFU divides ------------------------
     bug("lm-attention-sees-the-future", "model.py",
         "mask, causal = None, True", "mask, causal = None, False",
@@ -44,8 +94,8 @@ MUTATIONS = [
         "    if target.is_file():\n        return target", "    if False:\n        return target",
         TESTS, "built_once"),
     bug("lm-bits-per-byte-left-in-nats", "text.py",
-        'values = {f"{prefix}bpb": record["loss"] / math.log(2)}',
-        'values = {f"{prefix}bpb": record["loss"]}',
+        'values = {f"{prefix}bpb": record["loss"] / math.log(2) / per_token}',
+        'values = {f"{prefix}bpb": record["loss"] / per_token}',
         TESTS, "metrics_hold_bits"),
     bug("lm-bigram-baseline-unsmoothed", "text.py",
         "(counts.double() + 1).log()", "(counts.double() + 1e-9).log()",
@@ -98,7 +148,8 @@ MUTATIONS = [
         "or run.global_step >= run.total_steps:", "or run.global_step > run.total_steps:",
         "test_lm_training.py", "budgets_last_step"),
     bug("lm-old-checkpoints-taken-as-rope", "checkpoint.py",
-        'BEFORE_THE_SETTING = {"position": "learned"}', 'BEFORE_THE_SETTING = {}',
+        'BEFORE_THE_SETTING = {"position": "learned", "activation": "gelu"}',
+        'BEFORE_THE_SETTING = {"activation": "gelu"}',
         "test_lm_training.py", "old_one_is_learned"),
     # ---- best.pt by bits per byte (issue 37) ------------------------------------------------
     bug("lm-best-by-next-byte-accuracy", "text.py",
@@ -171,7 +222,7 @@ def outcomes(
 def test_every_lm_only_module_has_mutations(rendered_project: Path) -> None:
     assert (rendered_project / "tests" / TESTS).is_file()
     assert len({mutation.name for mutation in MUTATIONS}) == len(MUTATIONS)
-    modules = {"model.py", "text.py", "generate.py", "compress.py"}
+    modules = {"model.py", "text.py", "generate.py", "compress.py", "tokenizer.py", "gpt2_format.py"}
     assert {mutation.module for mutation in MUTATIONS} >= modules
     assert (rendered_project / "src" / PACKAGE / "text.py").is_file()
 

@@ -634,6 +634,24 @@ MUTATIONS = [
     bug("outsider-ema-decay-one-accepted", "config_checks.py",
         "if not 0 <= optim.ema_decay < 1:", "if not 0 <= optim.ema_decay <= 1:",
         "test_config.py", "bad_flags"),
+    # ---- hub_models.py: pretrained transformers classifiers (issue 38) ----------------------
+    bug("hub-normalised-by-a-measurement-not-the-model-s-own", "images.py",
+        "    if pretrained is not None:  # a --model hf", "    if False:  # a --model hf",
+        "test_hub_models.py", "loads_trains_evaluates_and_exports and resnet"),
+    bug("hub-mean-and-std-swapped", "hub_models.py",
+        "return mean, std, int(side) if side else None",
+        "return std, mean, int(side) if side else None",
+        "test_hub_models.py", "loads_trains_evaluates_and_exports and vit"),
+    bug("hub-input-size-not-taken", "hub_models.py",
+        "return config.replace(image_size=found[2])", "return config",
+        "test_hub_models.py", "loads_trains_evaluates_and_exports and convnext"),
+    bug("hub-backbone-at-the-head-s-rate", "finetune.py",
+        'split.append({**group, "params": rest, "lr": backbone_lr})',
+        'split.append({**group, "params": rest})',
+        "test_hub_models.py", "slower_backbone"),
+    bug("hub-channels-not-checked", "hub_models.py",
+        "    if channels != info.in_channels:", "    if False:",
+        "test_hub_models.py", "other_channels"),
 ]  # fmt: skip
 
 

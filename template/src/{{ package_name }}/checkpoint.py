@@ -35,10 +35,12 @@ REQUIRED_KEYS = (
 # Config fields that decide the shapes in the state dict: a mismatch is a clear error up front.
 MODEL_FIELDS = (
     *("model", "width", "image_size", "num_classes", "data_dir"),
-    *("depth", "heads", "seq_len", "position"),  # the language model's (not an image config's)
+    # The language model's (not an image config's); the activation shapes no tensor, but the
+    # same weights under the other GELU are another function.
+    *("depth", "heads", "seq_len", "position", "activation"),
 )
 # What a checkpoint saved before a model-shaping setting existed was trained with.
-BEFORE_THE_SETTING = {"position": "learned"}
+BEFORE_THE_SETTING = {"position": "learned", "activation": "gelu", "tokenizer": "bytes"}
 
 
 class CheckpointError(RuntimeError):

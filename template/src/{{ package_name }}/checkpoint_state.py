@@ -150,7 +150,8 @@ def snapshot(run: Any, at: Position) -> dict[str, Any]:
     state: dict[str, Any] = {"format": checkpoint.FORMAT_VERSION}
     for part in PARTS:
         state.update(part.save(run, at))
-    return {**state, "config": run.config.flat(), "run": run.record}
+    extra: dict[str, Any] = getattr(run.task, "checkpoint_extra", dict)()  # the LM's tokenizer
+    return {**state, **extra, "config": run.config.flat(), "run": run.record}
 
 
 def restore(run: Any, state: dict[str, Any], path: Path) -> None:

@@ -191,7 +191,7 @@ def load() -> Registry:
     global _loaded
     if not _loaded:
         _loaded = True
-        for name in ("ema", "schedules", *USER_MODULES):
+        for name in ("ema", "schedules", "hub_models", *USER_MODULES):  # hub_models: images
             module = f"{__package__}.{name}"
             try:
                 importlib.import_module(module)
