@@ -148,8 +148,8 @@ MUTATIONS = [
         "or run.global_step >= run.total_steps:", "or run.global_step > run.total_steps:",
         "test_lm_training.py", "budgets_last_step"),
     bug("lm-old-checkpoints-taken-as-rope", "checkpoint.py",
-        'BEFORE_THE_SETTING = {"position": "learned", "activation": "gelu"}',
-        'BEFORE_THE_SETTING = {"activation": "gelu"}',
+        'BEFORE_THE_SETTING = {"position": "learned", "activation": "gelu", "tokenizer": "bytes"}',
+        'BEFORE_THE_SETTING = {"activation": "gelu", "tokenizer": "bytes"}',
         "test_lm_training.py", "old_one_is_learned"),
     # ---- best.pt by bits per byte (issue 37) ------------------------------------------------
     bug("lm-best-by-next-byte-accuracy", "text.py",
@@ -192,8 +192,8 @@ MUTATIONS = [
         "state = read_model(path)", "state = read_model(path, device)",
         "test_evaluate_text.py", "onto_the_cpu"),
     bug("lm-evaluate-runs-a-bf16-checkpoint-at-fp32", "evaluate.py",
-        "result = bits_per_byte(model, dataset, device, args.batch_size, precision)",
-        "result = bits_per_byte(model, dataset, device, args.batch_size)",
+        "result = bits_per_byte(model, dataset, device, args.batch_size, precision, tokenizer)",
+        "result = bits_per_byte(model, dataset, device, args.batch_size, tokenizer=tokenizer)",
         "test_evaluate_text.py", "validation_bits_per_byte"),
     # ---- compress.py: each byte scored once, for any stride (issue 36's outside review) ----
     bug("lm-compress-scores-the-wrong-tail-off-half-stride", "compress.py",
@@ -222,7 +222,8 @@ def outcomes(
 def test_every_lm_only_module_has_mutations(rendered_project: Path) -> None:
     assert (rendered_project / "tests" / TESTS).is_file()
     assert len({mutation.name for mutation in MUTATIONS}) == len(MUTATIONS)
-    modules = {"model.py", "text.py", "generate.py", "compress.py", "tokenizer.py", "gpt2_format.py"}
+    modules = {"model.py", "text.py", "generate.py", "compress.py"}
+    modules |= {"tokenizer.py", "gpt2_format.py"}
     assert {mutation.module for mutation in MUTATIONS} >= modules
     assert (rendered_project / "src" / PACKAGE / "text.py").is_file()
 
