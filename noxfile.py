@@ -90,7 +90,7 @@ ENV_PACKAGES = [
 NO_CUDA = "no CUDA device: GPU checks skipped"
 # What `nox --no-venv -s gpu` imports (README, GPU checks): copier renders, nox runs each
 # render's session, pytest its GPU tests; the rest are the generated projects' dependencies.
-NO_VENV_MODULES = ["torch", "copier", "pytest", "nox", "tyro", "tqdm", "numpy", "PIL"]
+NO_VENV_MODULES = ["torch", "copier", "pytest", "nox", "tyro", "tqdm", "numpy", "PIL", "tokenizers"]
 # The generated projects' GPU probe, stand-alone (stdlib + torch), so it runs by path here.
 CUDA_CHECK = ROOT / "template" / "src" / "{{ package_name }}" / "cuda_check.py"
 PY_VERSION = "import sys; print('%d.%d' % sys.version_info[:2])"

@@ -59,8 +59,13 @@ def _python(session: nox.Session) -> str:
     return sys.executable if _uses_current_interpreter(session) else "python"
 
 
-# What the GPU session imports under --no-venv: the project's dependencies and pytest.
-NO_VENV_MODULES = ["torch", "pytest", "tyro", "tqdm", "numpy", "PIL"]
+# What the GPU session imports under --no-venv: the project's dependencies and pytest (and a
+# language model's tokenizers, where pyproject.toml lists it).
+NO_VENV_MODULES = ["torch", "pytest", "tyro", "tqdm", "numpy", "PIL"] + [
+    name
+    for name in ("tokenizers",)
+    if any(dep.startswith(name) for dep in PYPROJECT["project"]["dependencies"])
+]
 
 
 def _require_modules(session: nox.Session) -> None:
