@@ -64,7 +64,7 @@ def _python(session: nox.Session) -> str:
 NO_VENV_MODULES = ["torch", "pytest", "tyro", "tqdm", "numpy", "PIL"] + [
     name
     for name in ("tokenizers",)
-    if any(dep.startswith(name) for dep in PYPROJECT["project"]["dependencies"])
+    if any(dep.startswith(name) for dep in PYPROJECT.get("project", {}).get("dependencies", []))
 ]
 
 

@@ -209,7 +209,7 @@ MUTATIONS = [
     bug("outsider-eval-text-windows-skip-a-byte", "evaluate.py",
         "starts = torch.arange(0, len(tokens) - 1, span)",
         "starts = torch.arange(0, len(tokens) - 1, span + 1)",
-        "test_evaluate_text.py", "every_byte"),
+        "test_evaluate_text.py", "whole_windows"),
     # ---- step checkpoints in the LM render (issue 36) --------------------------------------
     bug("lm-save-every-never-saves-mid-epoch", "step_checkpoints.py",
         "if step_in_epoch + 1 >= run.steps_per_epoch or run.global_step >= run.total_steps:",
