@@ -78,6 +78,14 @@ MUTATIONS = [
     bug("outsider-untied-head-loaded-over-the-embedding", "gpt2_format.py",
         "if head is not None and (token is None or not torch.equal(head, token)):", "if False:",
         GPT2, "old_saves"),
+    # ---- corpus.py: JSON lines --------------------------------------------------------------
+    bug("lm-jsonl-blank-lines-read-as-documents", "corpus.py",
+        "                if line.strip():", "                if True:",
+        TOKENIZERS, "jsonl_corpus"),
+    bug("lm-jsonl-field-name-ignored", "corpus.py",
+        "text = record.get(field) if isinstance(record, dict) else None",
+        'text = record.get("text") if isinstance(record, dict) else None',
+        TOKENIZERS, "jsonl_corpus"),
     # ---- gpt2_format.py: GPT-2 folders in and out ------------------------------------------
     bug("lm-gpt2-mlp-projection-not-transposed", "gpt2_format.py",
         'TRANSPOSED = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")',
@@ -250,7 +258,7 @@ def test_every_lm_only_module_has_mutations(rendered_project: Path) -> None:
     assert (rendered_project / "tests" / TESTS).is_file()
     assert len({mutation.name for mutation in MUTATIONS}) == len(MUTATIONS)
     modules = {"model.py", "text.py", "generate.py", "compress.py"}
-    modules |= {"tokenizer.py", "gpt2_format.py"}
+    modules |= {"tokenizer.py", "gpt2_format.py", "corpus.py"}
     assert {mutation.module for mutation in MUTATIONS} >= modules
     assert (rendered_project / "src" / PACKAGE / "text.py").is_file()
 

@@ -64,7 +64,7 @@ TASK_MODULES = {
     "image": {"images.py", "finetune.py", "example_data.py", "trained.py", "predict.py",
               "trivial_augment.py", "hub_models.py"},
     "lm": {"text.py", "generate.py", "compress.py", "lm_grid.py", "tokenizer.py",
-           "gpt2_format.py"},
+           "gpt2_format.py", "corpus.py"},
 }  # fmt: skip
 
 
