@@ -46,7 +46,7 @@ MUTATIONS = [
         'values = {f"{prefix}bpb": record["loss"] / math.log(2)}',
         TOKENIZERS, "bits_per_byte_of_its_text"),
     bug("lm-evaluate-counts-tokens-as-bytes", "evaluate.py",
-        "size += int(sizes[targets.cpu()].sum())", "size += targets.numel()",
+        "size += sizes[targets].sum()", "size += targets.numel()",
         TOKENIZERS, "bits_per_byte_of_its_text"),
     bug("lm-resume-with-another-tokenizer", "text.py",
         'if record.get("tokenizer", "bytes") != self.tokenizer.fingerprint():', "if False:",
