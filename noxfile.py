@@ -85,6 +85,10 @@ ENV_PACKAGES = [
     "tokenizers>=0.20",
     "safetensors>=0.4",
     "transformers>=4.40",
+    # The language model's `prepare` reads parquet and `datasets` folders (extra `data`); its
+    # tests write them.
+    "pyarrow>=15",
+    "datasets>=2.19",
     "mkdocs-material>=9.5",  # the docs session and tests/test_docs.py build the site
 ]
 NO_CUDA = "no CUDA device: GPU checks skipped"
