@@ -20,7 +20,7 @@ from mutations import PACKAGE, Mutation, assert_caught, bug, render_to_mutate, r
 
 TESTS = "test_language_model.py"
 
-TOKENIZERS, GPT2 = "test_tokenizers.py", "test_gpt2_format.py"
+TOKENIZERS, GPT2, PREPARE = "test_tokenizers.py", "test_gpt2_format.py", "test_prepare.py"
 
 MUTATIONS = [
     # ---- tokenizer.py, and bits per byte across tokenizers (issue 37) ----------------------
@@ -51,6 +51,31 @@ MUTATIONS = [
     bug("lm-resume-with-another-tokenizer", "text.py",
         'if record.get("tokenizer", "bytes") != self.tokenizer.fingerprint():', "if False:",
         TOKENIZERS, "bits_per_byte_of_its_text"),
+    # ---- prepare.py: token files from many sources (issue 37, item 2) -----------------------
+    bug("lm-prepare-end-of-text-before-the-document", "prepare.py",
+        "_packed(ids + (eot if end is not None else []), self.suffix)",
+        "_packed((eot if end is not None else []) + ids, self.suffix)",
+        PREPARE, "lands_whole"),
+    bug("lm-prepare-counts-bytes-of-tokens-as-tokens", "prepare.py",
+        'counts[split]["tokens"] += len(data) // ITEMSIZE[self.suffix]',
+        'counts[split]["tokens"] += len(data)',
+        PREPARE, "lands_whole"),
+    bug("lm-prepare-cuts-a-long-document-at-any-line-break", "prepare.py",
+        "cut = CUT.search(document, start + size)",
+        'cut = re.compile(rb"(?<=\\n)").search(document, start + size)',
+        PREPARE, "long_document"),
+    bug("lm-prepare-resume-encodes-everything-again", "prepare.py",
+        "done = {unit: encoder.summary(unit) for unit in units}",
+        "done = {unit: None for unit in units}",
+        PREPARE, "killed_prepare"),
+    bug("lm-prepare-held-out-by-place-not-text", "prepare.py",
+        'split = "val" if held_out(document, self.fraction) else "train"',
+        'split = "val" if held_out(unit.path.name.encode(), self.fraction) else "train"',
+        PREPARE, "not_its_place"),
+    bug("lm-prepared-folder-read-with-another-tokenizer", "prepare.py",
+        "if tokenizer is not None and tokenizer.fingerprint() != own.fingerprint():",
+        "if False:",
+        PREPARE, "read_a_prepared_folder"),
     # A fifth outside reader's (7 of 12 caught at first; these five, and two real bugs they
     # found, caught since by tests against the library's alphabet, a count by hand, a
     # counting model and transformers):
@@ -68,7 +93,7 @@ MUTATIONS = [
         "size += int(sizes[windows[:, 1:][scored].cpu()].sum())",
         "size += int(sizes[windows[:, :-1][scored].cpu()].sum())",
         TOKENIZERS, "compress_divides"),
-    bug("outsider-256-token-tokenizer-read-as-bytes", "text.py",
+    bug("outsider-256-token-tokenizer-read-as-bytes", "prepare.py",
         'if tokenizer.kind == "bytes":\n        return ".u8"',
         'if tokenizer.vocab_size <= 256:\n        return ".u8"',
         TOKENIZERS, "byte_tokenizer_json"),
