@@ -85,10 +85,11 @@ ENV_PACKAGES = [
     "tokenizers>=0.20",
     "safetensors>=0.4",
     "transformers>=4.40",
-    # The language model's `prepare` reads parquet and `datasets` folders (extra `data`); its
-    # tests write them.
+    # Parquet and `datasets` folders (extra `data`): the language model's `prepare` and the
+    # image projects' --data-dir read them, their tests write them.
     "pyarrow>=15",
     "datasets>=2.19",
+    "webdataset>=0.2",  # the image projects' tests write shards with it
     "mkdocs-material>=9.5",  # the docs session and tests/test_docs.py build the site
 ]
 NO_CUDA = "no CUDA device: GPU checks skipped"
