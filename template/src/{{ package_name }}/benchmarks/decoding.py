@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from ..task import build_datasets
 from .augmentation import worker_count
 from .timing import (
     Context,
@@ -58,13 +60,14 @@ class PlainLoader(Dataset[tuple[torch.Tensor, int]]):
         return pixels.view(self.size, self.size, 3).permute(2, 0, 1).float() / 255, 0
 
 
-def write_photos(folder: Path, count: int, seed: int = 0) -> list[Path]:
-    """`count` JPEGs of PHOTO pixels (quality 90) in `folder`: a smooth random picture (a 12x9
-    grid of colours, bicubic) under Gaussian grain (std 16), so the decoder meets both flat
-    areas and detail. DISTINCT pictures, repeated as byte copies to make up the count."""
+def write_photos(root: Path, count: int, seed: int = 0) -> list[Path]:
+    """`count` JPEGs of PHOTO pixels (quality 90) in two class folders under `root/train/`
+    (half each; one more of each in `root/val/`), returned in the order an image folder lists
+    them: a smooth random picture (a 12x9 grid of colours, bicubic) under Gaussian grain (std
+    16), so the decoder meets both flat areas and detail. DISTINCT pictures, repeated as byte
+    copies to make up the count."""
     from PIL import Image
 
-    folder.mkdir(parents=True)
     generator = torch.Generator().manual_seed(seed)
     encoded = []
     for _ in range(min(count, DISTINCT)):
@@ -74,12 +77,19 @@ def write_photos(folder: Path, count: int, seed: int = 0) -> list[Path]:
         pixels = (smooth + grain).clamp(0, 255).to(torch.uint8).permute(1, 2, 0).contiguous()
         data = bytearray(pixels.numel())  # the bytes without numpy (not a dependency)
         torch.frombuffer(data, dtype=torch.uint8).copy_(pixels.flatten())
-        image = Image.frombytes("RGB", PHOTO, bytes(data))
-        path = folder / f"{len(encoded):05d}.jpg"
-        image.save(path, quality=90)
-        encoded.append(path.read_bytes())
-    paths = [folder / f"{index:05d}.jpg" for index in range(count)]
-    for index, path in enumerate(paths[len(encoded) :], start=len(encoded)):
+        buffer = io.BytesIO()
+        Image.frombytes("RGB", PHOTO, bytes(data)).save(buffer, format="JPEG", quality=90)
+        encoded.append(buffer.getvalue())
+    half = (count + 1) // 2
+    paths = [
+        root / "train" / f"class_{index // half}" / f"{index % half:05d}.jpg"
+        for index in range(count)
+    ]
+    for label in range(2):
+        (root / "train" / f"class_{label}").mkdir(parents=True)
+        (root / "val" / f"class_{label}").mkdir(parents=True)
+        (root / "val" / f"class_{label}" / "00000.jpg").write_bytes(encoded[label % len(encoded)])
+    for index, path in enumerate(paths):
         path.write_bytes(encoded[index % len(encoded)])
     return paths
 
@@ -87,9 +97,7 @@ def write_photos(folder: Path, count: int, seed: int = 0) -> list[Path]:
 def section_decoding(ctx: Context) -> dict[str, Any]:
     if ctx.task.name != "image":
         raise Skip(f"JPEG decoding is for images; the {ctx.task.name} task reads token windows")
-    package = __package__.rpartition(".")[0]
-    images = importlib.import_module(f"{package}.images")  # image renders only
-    sources = importlib.import_module(f"{package}.data_sources")
+    images = importlib.import_module(f"{__package__.rpartition('.')[0]}.images")  # images only
     from PIL import Image
 
     config = ctx.config
@@ -97,8 +105,14 @@ def section_decoding(ctx: Context) -> dict[str, Any]:
     count = config.optim.batch_size if ctx.quick else COUNT
     with contextlib.ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-jpegs-")))
-        paths = write_photos(root / "photos", count, config.run.seed)
-        folder = sources.ImageFolder(root, SIZE)
+        paths = write_photos(root, count, config.run.seed)
+        try:  # the template's reader: the training split of the folder, as train reads it
+            folder, _, _ = build_datasets(config.replace(data_dir=str(root), image_size=SIZE))
+        except ValueError as error:  # DataError: a data.py of yours that reads it otherwise
+            raise Skip(f"cannot read the JPEG folder: {error}") from None
+        held = len(folder)  # type: ignore[arg-type]
+        if held != count:
+            raise Skip(f"wrote {count} JPEGs to train/ but the training set holds {held}")
         datasets: dict[str, Dataset[Any]] = {
             PLAIN: PlainLoader(paths, SIZE),
             "plain, bilinear resize": PlainLoader(paths, SIZE, Image.Resampling.BILINEAR),
@@ -120,8 +134,6 @@ def section_decoding(ctx: Context) -> dict[str, Any]:
             warmup=0,
             number=1 if ctx.quick else max(4, 2 * workers),  # a block: a batch per worker or more
         )
-    if len(folder) != count:
-        raise Skip(f"wrote {count} JPEGs but the folder lists {len(folder)}")
     speedups = {name: invert(compare(timings[name], timings[PLAIN])) for name in datasets}
     batch = config.optim.batch_size
     rows = [
