@@ -26,7 +26,7 @@ from .timing import (
     fmt_ratio,
     fmt_timing,
     invert,
-    measure_many,
+    measure_loaders,
     train_loader,
 )
 
@@ -128,12 +128,7 @@ def section_decoding(ctx: Context) -> dict[str, Any]:
             )))  # fmt: skip
             for _ in range(2 * workers + 2):  # worker start-up and the first prefetches
                 next(batches[name])
-        timings = measure_many(
-            {name: lambda it=it: next(it) for name, it in batches.items()},
-            ctx,
-            warmup=0,
-            number=1 if ctx.quick else max(4, 2 * workers),  # a block: a batch per worker or more
-        )
+        timings = measure_loaders(batches, ctx, workers)
     speedups = {name: invert(compare(timings[name], timings[PLAIN])) for name in datasets}
     batch = config.optim.batch_size
     rows = [
