@@ -62,7 +62,7 @@ def test_no_jinja_left_in_any_file(rendered, name):
 # The modules only one task's project holds (issue 35: a render holds only its own task's).
 TASK_MODULES = {
     "image": {"images.py", "finetune.py", "example_data.py", "trained.py", "predict.py",
-              "trivial_augment.py", "hub_models.py"},
+              "trivial_augment.py", "hub_models.py", "decode.py"},
     "lm": {"text.py", "generate.py", "compress.py", "lm_grid.py", "tokenizer.py",
            "gpt2_format.py", "corpus.py"},
 }  # fmt: skip

@@ -17,7 +17,7 @@ from .timing import (
     fmt_ratio,
     fmt_timing,
     invert,
-    measure_many,
+    measure_loaders,
     train_loader,
 )
 from .workers import image_folder
@@ -62,14 +62,9 @@ def section_augmentation(ctx: Context) -> dict[str, Any]:
             )))  # fmt: skip
             for _ in range(2 * workers + 2):  # worker start-up and the first prefetches
                 next(batches[name])
-        # One block spans several batches per worker (each prefetches ahead): the sustained
-        # rate, in rounds that alternate the recipes, so a machine that slows down slows all.
-        timings = measure_many(
-            {name: lambda it=it: next(it) for name, it in batches.items()},
-            ctx,
-            warmup=0,
-            number=max(4, 2 * workers),
-        )
+        # The sustained rate of each, in rounds that alternate the recipes, so a machine that
+        # slows down slows all; no recipe's prefetching lands in another's time.
+        timings = measure_loaders(batches, ctx, workers)
     shares = {name: invert(compare(timings[name], timings["none"])) for name in RECIPES}
     rows = [
         [

@@ -21,6 +21,7 @@ from . import (
     augmentation,
     compiling,
     debug_switches,
+    decoding,
     evaluation,
     generation,
     loop_overhead,
@@ -47,6 +48,7 @@ SECTIONS: dict[int, tuple[str, str]] = {
     9: ("checkpoint_saves", "Checkpoint saves: step time during a save vs without one"),
     10: ("generation", "Generation: key/value cache vs recomputing the window"),
     11: ("augmentation", "Training-image augmentation: loader samples/s vs none"),
+    12: ("jpeg_decoding", "JPEG decoding to 224-pixel images: loader images/s vs plain PIL"),
 }
 
 RUNNERS: dict[int, Callable[[Context], dict[str, Any]]] = {
@@ -61,6 +63,7 @@ RUNNERS: dict[int, Callable[[Context], dict[str, Any]]] = {
     9: saving.section_checkpoint_saves,
     10: generation.section_generation,
     11: augmentation.section_augmentation,
+    12: decoding.section_decoding,
 }
 
 

@@ -128,6 +128,45 @@ def measure_many(
     return results
 
 
+def measure_loaders(
+    batches: dict[str, Iterator[Any]], ctx: Context, workers: int
+) -> dict[str, dict[str, Any]]:
+    """Seconds per batch of each endless DataLoader, as `measure_many` gives them, counting
+    only the work each loader does while it is timed.
+
+    Loaders that take turns share the CPUs with each other's workers, which prefetch
+    (2 batches each) while another is timed: timing a block of the prefetch depth would time
+    the queue, and the refill would land in the next loader's block (the ratios shrink toward
+    1). So each block takes the prefetched batches untimed, times twice the depth (at least
+    4 batches), then waits while this loader's workers refill, in interleaved rounds."""
+    depth = 2 * workers  # utils.build_dataloader's prefetch_factor per worker
+    number = max(4, 2 * depth)
+    times: dict[str, list[float]] = {name: [] for name in batches}
+    start, budget = time.perf_counter(), ctx.min_run_time * len(batches)
+    order = list(batches)
+    while len(times[order[0]]) < ctx.min_runs or time.perf_counter() - start < budget:
+        for name in order:
+            for _ in range(depth):
+                next(batches[name])
+            began = time.perf_counter()
+            for _ in range(number):
+                next(batches[name])
+            per_batch = (time.perf_counter() - began) / number
+            times[name].append(per_batch)
+            time.sleep(1.5 * depth * per_batch)  # the refill, while no loader is timed
+        order.reverse()
+    results = {}
+    for name, values in times.items():
+        stats = quartiles(values)
+        results[name] = {
+            "median_s": stats["median"],
+            "iqr_s": stats["iqr"],
+            "runs": len(values),
+            "rounds_s": values,
+        }
+    return results
+
+
 def measure(fn: Callable[[], Any], ctx: Context, **kwargs: Any) -> dict[str, Any]:
     """`measure_many` for a single function."""
     return measure_many({"fn": fn}, ctx, **kwargs)["fn"]
