@@ -145,7 +145,8 @@ IMAGES_AND_OUTSIDERS = [
         "return region",
         "test_image_reading.py", "draft"),
     bug("draft-below-the-output-resolution", "decode.py",
-        "return math.ceil(size * width / (right - left)), math.ceil(size * height / (lower - upper))",
+        "return math.ceil(size * width / (right - left)), "
+        "math.ceil(size * height / (lower - upper))",
         "return size, size",
         "test_image_reading.py", "draft"),
     bug("torch-resampling-drops-the-crop-s-offset", "decode.py",
