@@ -114,18 +114,22 @@ def measure_many(
             times[name].extend(block)
             rounds[name].append(statistics.median(block))
         order.reverse()
-    results = {}
-    for name, values in times.items():
-        stats = quartiles(values)
-        results[name] = {
-            "median_s": stats["median"],
-            "iqr_s": stats["iqr"],
-            "runs": len(values),
-            "rounds_s": rounds[name],
-        }
-        if keep_times:
+    results = {name: summary(values, rounds[name]) for name, values in times.items()}
+    if keep_times:
+        for name, values in times.items():
             results[name]["times_s"] = values
     return results
+
+
+def summary(values: list[float], rounds: list[float]) -> dict[str, Any]:
+    """The median and IQR of a contender's timings, their count, and each round's median."""
+    stats = quartiles(values)
+    return {
+        "median_s": stats["median"],
+        "iqr_s": stats["iqr"],
+        "runs": len(values),
+        "rounds_s": rounds,
+    }
 
 
 def measure_loaders(
@@ -155,16 +159,7 @@ def measure_loaders(
             times[name].append(per_batch)
             time.sleep(1.5 * depth * per_batch)  # the refill, while no loader is timed
         order.reverse()
-    results = {}
-    for name, values in times.items():
-        stats = quartiles(values)
-        results[name] = {
-            "median_s": stats["median"],
-            "iqr_s": stats["iqr"],
-            "runs": len(values),
-            "rounds_s": values,
-        }
-    return results
+    return {name: summary(values, values) for name, values in times.items()}
 
 
 def measure(fn: Callable[[], Any], ctx: Context, **kwargs: Any) -> dict[str, Any]:
