@@ -39,7 +39,7 @@ from . import exits, files, utils
 from .benchmarks.timing import compare_rounds
 from .config import Config, ConfigError, build_parser, parse_config, to_toml
 from .stopping import Interrupted, Stopped
-from .task import task_for
+from .task import resolve_precision, task_for
 
 # The settings tune chooses: what `tuned.toml` holds.
 TUNED = ("precision", "channels_last", "tf32", "compile", "compile_mode", "num_workers")
@@ -327,6 +327,7 @@ def _tune(argv: list[str] | None) -> int:
     files.check_output(args.out, "--out")  # unwritable, a FIFO, ...: one line, exit 2
     try:
         device = utils.resolve_device(config.run.device)
+        config = resolve_precision(config, device, print)  # tune from what auto picks
         _, _, info = task_for(config).datasets(config)  # a language model reads text
     except ValueError as error:
         parser.error(str(error))

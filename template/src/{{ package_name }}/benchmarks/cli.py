@@ -15,7 +15,11 @@ from torch.utils.data import DataLoader
 
 from .. import exits, utils
 from ..config import build_parser, parse_config
-from ..task import build_model_for, task_for  # build_model_for: one line if model.py lacks it
+from ..task import (  # build_model_for: one line if model.py lacks it
+    build_model_for,
+    resolve_precision,
+    task_for,
+)
 from . import (
     attention,
     augmentation,
@@ -149,6 +153,7 @@ def _benchmark(argv: list[str] | None) -> int:
         device = utils.resolve_device(config.run.device)
     except ValueError as error:
         parser.error(str(error))
+    config = resolve_precision(config, device, print)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     data_dir = Path(config.data.data_dir) if config.data.data_dir is not None else None
