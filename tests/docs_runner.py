@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -133,8 +134,10 @@ class Runner:
         shrink = SHRINK_BY_MODULE.get(short, [])
         if language_model and short == "train":
             # A transformer's step is slower: one epoch, and windows of 64 tokens (the 256 of
-            # configs/cpu-30min.toml took 30 s here in bf16, emulated on a CPU without it).
+            # an earlier configs/cpu-30min.toml took 30 s here in bf16, emulated).
             shrink = [*shrink, "--epochs", "1", "--seq-len", "64"]
+            if budget_in_config(self.project, args):  # configs/cpu-30min.toml's 2,800 steps
+                args = [*args, "--max-steps", "1", "--eval-every", "1"]
             if any(flag in args for flag in BUDGETS):
                 # A step budget sets the epochs and refuses --max-steps-per-epoch: its own
                 # flags shrink instead.
@@ -210,6 +213,14 @@ RUN_OUTPUTS = re.compile(r"runs/|metrics\.jsonl|checkpoints|profiles|benchmarks|
 
 # A language model's step budget, shrunk to three steps validated every two (the last cut).
 BUDGETS = {"--max-steps": "3", "--max-tokens": str(3 * 16 * 64), "--eval-every": "2"}
+
+
+def budget_in_config(project: Path, args: list[str]) -> bool:
+    """Whether the TOML file of `--config` sets a step budget (which flags then shrink)."""
+    path = flag_value(args, "--config")
+    if path is None or not (project / path).is_file():
+        return False
+    return any(key in tomllib.loads((project / path).read_text()) for key in ("max_steps", "max_tokens"))
 
 
 def shrink_budget(args: list[str]) -> list[str]:
