@@ -15,7 +15,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -31,6 +30,11 @@ from docs_collect import (
 )
 from helpers import git_init_commit
 from matrix import MATRIX, SLOW_FILES
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 TEMPLATE_SOURCES = (
     "gh:copier-pytorch/copier-pytorch",
@@ -220,7 +224,9 @@ def budget_in_config(project: Path, args: list[str]) -> bool:
     path = flag_value(args, "--config")
     if path is None or not (project / path).is_file():
         return False
-    return any(key in tomllib.loads((project / path).read_text()) for key in ("max_steps", "max_tokens"))
+    return any(
+        key in tomllib.loads((project / path).read_text()) for key in ("max_steps", "max_tokens")
+    )
 
 
 def shrink_budget(args: list[str]) -> list[str]:
