@@ -39,8 +39,16 @@ MODEL_FIELDS = (
     # same weights under the other GELU are another function.
     *("depth", "heads", "seq_len", "position", "activation"),
 )
+# Settings whose change a resume cannot follow beside the model's: the optimizer's state
+# (AdamW's moments, Muon's momentum) means nothing to the other optimizer.
+RESUME_FIELDS = (*MODEL_FIELDS, "matrix_optimizer")
 # What a checkpoint saved before a model-shaping setting existed was trained with.
-BEFORE_THE_SETTING = {"position": "learned", "activation": "gelu", "tokenizer": "bytes"}
+BEFORE_THE_SETTING = {
+    "position": "learned",
+    "activation": "gelu",
+    "tokenizer": "bytes",
+    "matrix_optimizer": "adamw",
+}
 
 
 class CheckpointError(RuntimeError):
@@ -240,9 +248,13 @@ def check_format(state: dict[str, Any], path: Path) -> None:
 
 def checked_config(config: Any, path: Path) -> Any:
     """`config`, rebuilt from checkpoint `path`, validated as train validates flags (ranges,
-    the memory bound) before a model is built from it; the compile backend does not matter."""
+    the memory bound) before a model is built from it; the compile backend and the optimizer
+    (a registered @slots.optimizer refuses --matrix-optimizer muon) do not matter."""
+    unused: dict[str, Any] = {"compile": "off", "compile_backend": "inductor"}
+    if "matrix_optimizer" in config.flat():  # a config.py of yours may not have it
+        unused["matrix_optimizer"] = "adamw"
     try:
-        config.replace(compile="off", compile_backend="inductor").validate()
+        config.replace(**unused).validate()
     except ValueError as error:
         raise CheckpointError(f"checkpoint {path} holds an invalid config: {error}") from None
     return config
@@ -337,11 +349,13 @@ def _load_failure(error: Exception) -> str:
 
 
 def check_compatible(state: dict[str, Any], config: dict[str, Any], path: Path) -> None:
-    """Refuse a checkpoint whose model-shaping settings differ from this run's."""
+    """Refuse a checkpoint whose model-shaping settings or optimizer differ from this run's."""
     # Flat names on both sides: this template records `Config.flat()`; a nested record
     # (`to_dict()`, written by hand or by a fork) compares the same way.
     saved, config = with_old_defaults(state["config"], config), flat_record(config)
-    for name in MODEL_FIELDS:
+    for name in RESUME_FIELDS:
+        if name not in MODEL_FIELDS and name not in config:  # a config of yours without it
+            continue
         if saved.get(name) != config.get(name):
             flag = "--" + name.replace("_", "-")
             raise CheckpointError(

@@ -265,7 +265,8 @@ def fresh_model(ctx: Context) -> nn.Module:
 
 
 def make_optimizer(model: nn.Module, config: Config, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW as train.py builds it, so step times compare like with like."""
+    """The optimizer as train.py builds it (AdamW, Muon, or your @slots.optimizer), so step
+    times compare like with like."""
     return build_optimizer(config, model, device)
 
 
