@@ -23,6 +23,10 @@ TESTS = "test_language_model.py"
 TOKENIZERS, GPT2, PREPARE = "test_tokenizers.py", "test_gpt2_format.py", "test_prepare.py"
 
 MUTATIONS = [
+    # ---- --matrix-optimizer on resume (issue 37) --------------------------------------------
+    bug("lm-a-resume-switches-adamw-moments-to-muon", "checkpoint.py",
+        'RESUME_FIELDS = (*MODEL_FIELDS, "matrix_optimizer")', "RESUME_FIELDS = MODEL_FIELDS",
+        "test_lm_training.py", "optimizer_it_was_trained_with"),
     # ---- tokenizer.py, and bits per byte across tokenizers (issue 37) ----------------------
     bug("lm-a-literal-end-of-text-splits-documents", "tokenizer.py",
         "self.inner.encode_special_tokens = True", "self.inner.encode_special_tokens = False",
