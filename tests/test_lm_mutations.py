@@ -259,8 +259,7 @@ MUTATIONS = [
         "or run.global_step >= run.total_steps:", "or run.global_step > run.total_steps:",
         "test_lm_training.py", "budgets_last_step"),
     bug("lm-old-checkpoints-taken-as-rope", "checkpoint.py",
-        'BEFORE_THE_SETTING = {"position": "learned", "activation": "gelu", "tokenizer": "bytes"}',
-        'BEFORE_THE_SETTING = {"activation": "gelu", "tokenizer": "bytes"}',
+        'BEFORE_THE_SETTING = {\n    "position": "learned",\n', "BEFORE_THE_SETTING = {\n",
         "test_lm_training.py", "old_one_is_learned"),
     # ---- best.pt by bits per byte (issue 37) ------------------------------------------------
     bug("lm-best-by-next-byte-accuracy", "text.py",
