@@ -86,7 +86,7 @@ TRAINING = [
         "for m in linears[:-1] if", "for m in linears if",
         "test_muon.py", "one_schedule or plain_stack"),
     bug("muon-takes-the-input-layer-of-a-plain-stack", "muon.py",
-        "if not linears and not embedded:", "if False:",
+        "if not linears and not input_side:", "if False:",
         "test_muon.py", "plain_stack"),
     bug("muon-loses-its-state-on-a-load", "muon.py",
         "        super().load_state_dict(state_dict)\n        self._share()",

@@ -32,15 +32,15 @@ def hidden_matrices(model: nn.Module) -> list[torch.Tensor]:
     comes before it in `model.modules()`), and none shared with an `nn.Embedding` (a tied
     output layer)."""
     linears: list[nn.Linear] = []
-    embedded: set[int] = set()
+    input_side: set[int] = set()  # embeddings, convolutions, and a plain stack's first Linear
     for module in model.modules():
         if isinstance(module, (nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d)):
-            embedded.add(id(module.weight))
+            input_side.add(id(module.weight))
         elif isinstance(module, nn.Linear):
-            if not linears and not embedded:  # the first layer: it reads the raw input
-                embedded.add(id(module.weight))
+            if not linears and not input_side:  # the first layer: it reads the raw input
+                input_side.add(id(module.weight))
             linears.append(module)
-    chosen = [m.weight for m in linears[:-1] if id(m.weight) not in embedded]
+    chosen = [m.weight for m in linears[:-1] if id(m.weight) not in input_side]
     return list({id(p): p for p in chosen if p.ndim == 2}.values())  # a shared one once
 
 
@@ -114,10 +114,3 @@ class MuonAdamW(torch.optim.Optimizer):
             self.muon.step()
         if self.adamw is not None:
             self.adamw.step()
-
-
-def build(
-    groups: list[dict[str, Any]], model: nn.Module, lr: float, weight_decay: float, fused: bool
-) -> MuonAdamW:
-    """`--matrix-optimizer muon`'s optimizer: `groups` split between Muon and AdamW."""
-    return MuonAdamW(groups, hidden_matrices(model), lr, weight_decay, fused)
