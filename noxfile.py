@@ -30,6 +30,7 @@ interpreter running nox (it needs NO_VENV_MODULES below; see README, GPU checks)
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib.util
 import os
@@ -38,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import types
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +49,33 @@ from nox.command import CommandFailed
 ROOT = Path(__file__).resolve().parent
 BUILD = ROOT / "build"
 TORCH = os.environ.get("TORCH_SPEC", "torch==2.13.0")
-TORCH_BACKEND = os.environ.get("TORCH_BACKEND", "auto")
-PYTORCH_INDEX = "https://download.pytorch.org/whl/"
+# The generated projects' noxfile: plain Python, and the owner of the torch install rule.
+PROJECT_NOXFILE = ROOT / "template" / "noxfile.py"
+
+
+def _torch_rule() -> types.ModuleType:
+    """The torch install rule of the generated projects' noxfile, executed from that file, so
+    this repository's environments take torch exactly as a generated project's sessions and
+    CI do (TORCH_BACKEND, the source it names, the fallback and its line, uv handed pip's
+    configuration). Only that noxfile's imports and its section headed "Which torch, and from
+    where" run: importing the file whole would register its sessions over these."""
+    text = PROJECT_NOXFILE.read_text()
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if "Which torch, and from where" in line)
+    end = next(i for i, line in enumerate(lines) if "End of the torch rule" in line)
+    tree = ast.parse(text, str(PROJECT_NOXFILE))
+    tree.body = [
+        node
+        for node in tree.body
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or start < node.lineno <= end
+    ]
+    module = types.ModuleType("torch_rule", f"The torch install rule of {PROJECT_NOXFILE}.")
+    module.__file__ = str(PROJECT_NOXFILE)
+    exec(compile(tree, str(PROJECT_NOXFILE), "exec"), module.__dict__)
+    return module
+
+
+TORCH_RULE = _torch_rule()
 
 
 def _pinned(tool: str) -> str:
@@ -148,8 +175,11 @@ def env(session: nox.Session) -> None:
     # compiled torch's sources again, 3.5 s to import torch and 4.5 s more for torch._dynamo
     # (which any optimizer imports), against 1.3 s and 1.2 s from bytecode. uv compiles what
     # each install brings: torch's takes about 20 s, once.
-    uv_args = [*_pip_config_for_uv(), "--compile-bytecode"] if session.venv_backend == "uv" else []
-    _install_torch(session, *uv_args)
+    uv = session.venv_backend == "uv"
+    uv_args = [*TORCH_RULE.pip_config_for_uv(), "--compile-bytecode"] if uv else []
+    TORCH_RULE.install_torch(
+        session.install, session.warn, session.venv_backend, *uv_args, spec=TORCH
+    )
     session.install(*ENV_PACKAGES, *uv_args)
     Env.python = str(Path(session.bin) / "python")
     # Subprocesses (copier's, the rendered projects' suites) find this environment first.
@@ -157,77 +187,6 @@ def env(session: nox.Session) -> None:
         "PATH": os.pathsep.join([session.bin, os.environ.get("PATH", "")]),
         "VIRTUAL_ENV": str(Path(session.bin).parent),
     }
-
-
-def _install_torch(session: nox.Session, *extra: str) -> dict[str, str]:
-    """Install torch from TORCH_BACKEND's source; returns the installer environment used.
-
-    Under the default, `auto`, a machine that reaches its package indexes but not PyTorch's
-    own (a proxy, a mirror) gets torch from the configured indexes, as `none` does, and one
-    line says so; a backend named on purpose (`cpu`, `cu128`) fails instead.
-    """
-    args, env = _torch_source(session)
-    try:
-        session.install(TORCH, *args, *extra, env=env)
-    except CommandFailed:
-        if TORCH_BACKEND != "auto" or not (args or env):
-            raise
-        session.warn(
-            "torch from PyTorch's index failed (output above; unreachable from here?): "
-            "installing it from the configured package indexes, as TORCH_BACKEND=none does"
-        )
-        session.install(TORCH, *extra)
-        return {}
-    return env
-
-
-def _torch_source(session: nox.Session) -> tuple[list[str], dict[str, str]]:
-    """Installer arguments and environment that choose the torch wheel (see TORCH_BACKEND)."""
-    if TORCH_BACKEND == "none":
-        return [], {}
-    if session.venv_backend == "uv":
-        return [], {"UV_TORCH_BACKEND": TORCH_BACKEND}
-    backend = TORCH_BACKEND
-    if backend == "auto":  # PyPI's Linux wheel is the CUDA build: gigabytes a CPU never uses
-        no_gpu = sys.platform == "linux" and shutil.which("nvidia-smi") is None
-        backend = "cpu" if no_gpu else ""
-    return (["--index-url", PYTORCH_INDEX + backend] if backend else []), {}
-
-
-PIP_TO_UV = {
-    "find-links": "--find-links",
-    "index-url": "--index-url",
-    "extra-index-url": "--extra-index-url",
-    "constraint": "--constraint",
-}
-
-
-def _pip_config_for_uv() -> list[str]:
-    """pip's configured wheel folders, indexes and constraints (`pip config list`: files and
-    PIP_* variables) as uv arguments, so uv installs what pip would have."""
-    try:
-        listed = subprocess.run(
-            [sys.executable, "-m", "pip", "config", "list"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):  # no pip next to nox: nothing configured
-        return []
-    args: list[str] = []
-    for line in listed.splitlines():
-        key, _, value = line.partition("=")
-        flag = PIP_TO_UV.get(key.rsplit(".", 1)[-1])
-        if flag is None:
-            continue
-        for item in value.strip().strip("'\"").split():
-            if item not in args:
-                args += [flag, item]
-    if "--index-url" in args or "--extra-index-url" in args:
-        # pip takes the best version from all its indexes; uv only trusts the first that has
-        # the package unless told otherwise.
-        args += ["--index-strategy", "unsafe-best-match"]
-    return args
 
 
 def _require_modules(session: nox.Session, modules: list[str]) -> None:

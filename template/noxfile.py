@@ -13,7 +13,8 @@ Which torch: TORCH_BACKEND picks the wheel (default `auto`). Under uv that is uv
 without a GPU); under pip, `auto` takes PyTorch's CPU index on Linux without `nvidia-smi`
 and PyPI's wheel otherwise, and `cpu`, `cu128`... name a PyTorch index. TORCH_BACKEND=none
 leaves torch to the package index you configured (a mirror, a wheel folder); `auto` falls
-back to it, with one line, where PyTorch's index cannot be reached.
+back to it, with one line, where PyTorch's index cannot be reached. uv does not read pip's
+configuration, so the sessions hand it pip's configured wheel folders, indexes and constraints.
 
 On a GPU machine without a package index (common on clusters), run the checks in the current
 interpreter, which already has torch and this project's test dependencies (the project itself
@@ -29,9 +30,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import nox
@@ -42,9 +44,6 @@ nox.options.sessions = ["tests", "lint", "typecheck"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.default_venv_backend = "uv|virtualenv"
 
-TORCH = os.environ.get("TORCH_SPEC", "torch")
-TORCH_BACKEND = os.environ.get("TORCH_BACKEND", "auto")
-PYTORCH_INDEX = "https://download.pytorch.org/whl/"
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 NO_CUDA = "no CUDA device: GPU checks skipped"
 
@@ -90,33 +89,31 @@ def _groups(*names: str) -> tuple[str, ...]:
     return nox.project.dependency_groups(PYPROJECT, *names)
 
 
-def _install_torch(session: nox.Session, *extra: str) -> dict[str, str]:
-    """Install torch from TORCH_BACKEND's source; returns the installer environment used.
+# ---- Which torch, and from where: the one rule -------------------------------------------
+# The template's own noxfile and its tests execute this section's names from this file, so a
+# project's sessions, its CI and the template's environments all take torch the same way.
 
-    Under the default, `auto`, a machine that reaches its package indexes but not PyTorch's
-    own (a proxy, a mirror) gets torch from the configured indexes, as `none` does, and one
-    line says so; a backend named on purpose (`cpu`, `cu128`) fails instead.
-    """
-    args, env = _torch_source(session)
-    try:
-        session.install(TORCH, *args, *extra, env=env)
-    except CommandFailed:
-        if TORCH_BACKEND != "auto" or not (args or env):
-            raise
-        session.warn(
-            "torch from PyTorch's index failed (output above; unreachable from here?): "
-            "installing it from the configured package indexes, as TORCH_BACKEND=none does"
-        )
-        session.install(TORCH, *extra)
-        return {}
-    return env
+TORCH = os.environ.get("TORCH_SPEC", "torch")
+TORCH_BACKEND = os.environ.get("TORCH_BACKEND", "auto")
+PYTORCH_INDEX = "https://download.pytorch.org/whl/"
+FELL_BACK = (
+    "torch from PyTorch's index failed (output above; unreachable from here?): "
+    "installing it from the configured package indexes, as TORCH_BACKEND=none does"
+)
+PIP_TO_UV = {
+    "find-links": "--find-links",
+    "index-url": "--index-url",
+    "extra-index-url": "--extra-index-url",
+    "constraint": "--constraint",
+}
 
 
-def _torch_source(session: nox.Session) -> tuple[list[str], dict[str, str]]:
-    """Installer arguments and environment that choose the torch wheel (see TORCH_BACKEND)."""
+def torch_source(venv_backend: str) -> tuple[list[str], dict[str, str]]:
+    """Installer arguments and environment that choose the torch wheel (see TORCH_BACKEND)
+    for an environment made by `venv_backend` (nox's name: "uv", "virtualenv", ...)."""
     if TORCH_BACKEND == "none":
         return [], {}
-    if session.venv_backend == "uv":
+    if venv_backend == "uv":
         return [], {"UV_TORCH_BACKEND": TORCH_BACKEND}
     backend = TORCH_BACKEND
     if backend == "auto":  # PyPI's Linux wheel is the CUDA build: gigabytes a CPU never uses
@@ -125,15 +122,81 @@ def _torch_source(session: nox.Session) -> tuple[list[str], dict[str, str]]:
     return (["--index-url", PYTORCH_INDEX + backend] if backend else []), {}
 
 
+def install_torch(
+    install: Callable[..., object],
+    warn: Callable[[str], object],
+    venv_backend: str,
+    *extra: str,
+    spec: str = TORCH,
+) -> dict[str, str]:
+    """Install torch (`spec`) from TORCH_BACKEND's source with `install(*args, env=...)`,
+    which raises nox's CommandFailed when the installer fails (a nox session's `install`
+    does); returns the installer environment that worked.
+
+    Under the default, `auto`, a machine that reaches its package indexes but not PyTorch's
+    own (a proxy, a mirror) gets torch from the configured indexes, as `none` does, and
+    `warn` says so in one line; a backend named on purpose (`cpu`, `cu128`) fails instead.
+    """
+    args, env = torch_source(venv_backend)
+    try:
+        install(spec, *args, *extra, env=env)
+    except CommandFailed:
+        if TORCH_BACKEND != "auto" or not (args or env):
+            raise
+        warn(FELL_BACK)
+        install(spec, *extra, env={})
+        return {}
+    return env
+
+
+def pip_config_for_uv() -> list[str]:
+    """pip's configured wheel folders, indexes and constraints (`pip config list`: files and
+    PIP_* variables) as uv arguments, so uv installs what pip would have: uv does not read
+    pip's configuration, and a machine configured for a mirror would otherwise fetch from
+    PyPI (where torch for Linux is the CUDA build)."""
+    try:
+        listed = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):  # no pip next to nox: nothing configured
+        return []
+    args: list[str] = []
+    for line in listed.splitlines():
+        key, _, value = line.partition("=")
+        flag = PIP_TO_UV.get(key.rsplit(".", 1)[-1])
+        if flag is None:
+            continue
+        for item in value.strip().strip("'\"").split():
+            if item not in args:
+                args += [flag, item]
+    if "--index-url" in args or "--extra-index-url" in args:
+        # pip takes the best version from all its indexes; uv only trusts the first that has
+        # the package unless told otherwise.
+        args += ["--index-strategy", "unsafe-best-match"]
+    return args
+
+
+# ---- End of the torch rule -----------------------------------------------------------------
+
+
+def _uv_args(session: nox.Session) -> list[str]:
+    """What uv needs to install what pip would (nothing under pip, which reads its own)."""
+    return pip_config_for_uv() if session.venv_backend == "uv" else []
+
+
 def _install(session: nox.Session, *groups: str, extras: tuple[str, ...] = ()) -> None:
     """Install torch, the project (with `extras`) and the named dependency groups, unless
     running in --no-venv mode (then the interpreter's packages are used as they are: offline
     machines cannot install)."""
     if _uses_current_interpreter(session):
         return
-    env = _install_torch(session)
+    uv_args = _uv_args(session)
+    env = install_torch(session.install, session.warn, session.venv_backend, *uv_args)
     project = f".[{','.join(extras)}]" if extras else "."
-    session.install("-e", project, *_groups(*groups), env=env)
+    session.install("-e", project, *_groups(*groups), *uv_args, env=env)
 
 
 def _tracker_extra() -> tuple[str, ...]:
@@ -324,7 +387,7 @@ def _summary(report: str, results: list[tuple[str, bool, float]]) -> str:
 def lint(session: nox.Session) -> None:
     """ruff: lint and format check."""
     if not _uses_current_interpreter(session):
-        session.install(*_groups("lint"))
+        session.install(*_groups("lint"), *_uv_args(session))
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 

@@ -11,9 +11,9 @@ environment of their own; each runs its fast suite, then mypy with the `dev` gro
 
 The environment is made with uv when it is installed (`.ci/run` installs it: torch is linked
 from uv's cache in seconds) and with venv and pip otherwise. torch is the version the shared
-environment has, from the same sources (pip's configured wheel folders and indexes, and
-TORCH_BACKEND, as the noxfile's `_torch_source` chooses them): the README's first line names
-PyTorch's CPU index, which CI may not reach.
+environment has, installed by the one rule every environment of the template uses
+(`install_torch` in template/noxfile.py): TORCH_BACKEND's source, and where PyTorch's index
+cannot be reached under the default `auto`, the configured package indexes with one line.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ import re
 import shutil
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import yaml
+from nox.command import CommandFailed
 
 from helpers import ROOT, render, run
 from matrix import MATRIX, PARTIAL_SUITES
@@ -38,6 +38,7 @@ pytestmark = pytest.mark.matrix
 RENDERS = {"image": {"project_name": "user-image"}, "lm": {"project_name": "user-lm", "task": "lm"}}
 README_INSTALL = re.compile(r'^pip install -e "(\.\[[^"\]]*\])"$', re.M)
 NOXFILE = load_module(ROOT / "noxfile.py", "template_repo_noxfile_user_install")
+TORCH_RULE = NOXFILE.TORCH_RULE
 # The extras' libraries (trackers, sweeps, plots), none of which `.[test]` may bring.
 EXTRAS = [*NOXFILE.HIDDEN_EXTRAS, "matplotlib"]
 
@@ -48,22 +49,27 @@ class UserEnv:
     def __init__(self, folder: Path) -> None:
         self.venv = folder / "venv"
         self.python = self.venv / "bin" / "python"
+        self.said: list[str] = []  # what the torch rule said (its fallback line)
+        self.install_env: dict[str, str] = {}  # the torch rule's choice, once torch is in
         uv = shutil.which("uv")
-        backend = "uv" if uv else "virtualenv"
-        # The noxfile's choice for a session made by `backend` (it reads only that).
-        torch_args, self.install_env = NOXFILE._torch_source(SimpleNamespace(venv_backend=backend))
+        self.backend = "uv" if uv else "virtualenv"
         if uv:
             run([uv, "venv", "--quiet", "--python", sys.executable, self.venv], folder)
             self.installer = [uv, "pip", "install", "--quiet", "--python", str(self.python)]
             # Bytecode written at install, as pip writes it (uv does not unless asked, and
             # CI's PYTHONDONTWRITEBYTECODE keeps the processes from writing it).
-            self.installer += [*NOXFILE._pip_config_for_uv(), "--compile-bytecode"]
+            self.installer += [*TORCH_RULE.pip_config_for_uv(), "--compile-bytecode"]
         else:  # pip reads its own configuration; 25.1 installs dependency groups
             run([sys.executable, "-m", "venv", self.venv], folder)
             self.installer = [str(self.python), "-m", "pip", "install", "--quiet"]
             self.install(["pip>=25.1"], folder)
         torch = f"torch=={importlib.metadata.version('torch')}"
-        self.install([torch, *torch_args], folder)
+        self.install_env = TORCH_RULE.install_torch(
+            lambda *args, env: self.install(list(args), folder, env=env),
+            self.said.append,
+            self.backend,
+            spec=torch,
+        )
         # What the commands see: this environment first on PATH, not the shared one, and
         # nothing of the shared one on PYTHONPATH (an empty value is ignored).
         shared = str(Path(sys.executable).parent)
@@ -74,8 +80,15 @@ class UserEnv:
             "PYTHONPATH": "",
         }
 
-    def install(self, args: list[str], cwd: Path) -> None:
-        run([*self.installer, *args], cwd, env=self.install_env, timeout=1200)
+    def install(self, args: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
+        """Install with this environment's installer; CommandFailed (as a nox session's
+        `install` raises) when it fails, so the torch rule can fall back."""
+        command = [*self.installer, *args]
+        result = run(command, cwd, env=self.install_env if env is None else env,
+                     check=False, timeout=1200)  # fmt: skip
+        if result.returncode != 0:
+            print(result.stdout[-3000:], result.stderr[-3000:], sep="\n")  # what pytest shows
+            raise CommandFailed(f"`{' '.join(command)}` exited {result.returncode}")
 
 
 @pytest.fixture(scope="module")
