@@ -312,6 +312,14 @@ MUTATIONS = [
     bug("lm-compress-drops-the-first-window-s-head", "compress.py",
         "            scored[batch == 0] = True", "            pass",
         TESTS, "any_stride_by_hand"),
+    # ---- hostile inputs (issue 53) ----------------------------------------------------------
+    bug("lm-prepare-overwrites-a-folder-of-the-users-files", "prepare.py",
+        "    refuse_foreign(out)\n", "",
+        "test_lm_hostile.py", "users_own_files"),
+    bug("lm-prepared-folder-missing-token-file-read-anyway", "prepare.py",
+        "    lost = [path for path in files if not path.is_file()]",
+        "    lost: list[Path] = []",
+        "test_lm_hostile.py", "missing_a_file"),
 ]  # fmt: skip
 
 
