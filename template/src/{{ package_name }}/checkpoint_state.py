@@ -83,6 +83,9 @@ def _save_scaler(run: Any, at: Position) -> dict[str, Any]:
 
 
 def _load_scaler(run: Any, state: dict[str, Any], path: Path) -> None:
+    if not state["scaler"] and run.scaler.is_enabled():  # trained at bf16 or fp32, fp16 now
+        run.log(f"{path} was trained without fp16's loss scaling: the scale starts fresh")
+        return
     checkpoint.load_state_into(run.scaler, state["scaler"], "scaler", path)
 
 
