@@ -420,6 +420,30 @@ def regrouped(
     }  # fmt: skip
 
 
+KERNEL_FLAGS = ("fused", "foreach", "capturable")
+
+
+def with_own_kernels(saved: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Optimizer state `saved` with each param group's kernel flags (KERNEL_FLAGS) as
+    `optimizer`'s groups have them: this run's kernels, not the saving machine's.
+
+    `load_state_dict` places each `step` by the flags of the groups it is given: a CPU
+    checkpoint resumed on CUDA would keep CPU steps under fused AdamW, which refuses
+    tensors on mixed devices at the first step. The groups it sets keep these flags too.
+    """
+    groups = saved.get("param_groups")
+    own = optimizer.param_groups
+    if not isinstance(groups, list) or len(groups) != len(own):
+        return saved  # does not fit: load_state_dict says so
+    if not all(isinstance(group, dict) for group in groups):
+        return saved
+    merged = [
+        {**group, **{key: mine[key] for key in KERNEL_FLAGS if key in mine}}
+        for group, mine in zip(groups, own, strict=True)
+    ]
+    return {**saved, "param_groups": merged}
+
+
 def load_state_into(target: Any, state: dict[str, Any], what: str, path: Path) -> None:
     """`target.load_state_dict(state)` with a one-line error if the shapes do not fit."""
     try:

@@ -48,12 +48,9 @@ def _save_weights(run: Any, at: Position) -> dict[str, Any]:
 
 
 def _load_weights(run: Any, state: dict[str, Any], path: Path) -> None:
-    # A sharded folder loads onto however many ranks this run has (resharding).
-    groups = run.optimizer.param_groups
-    kernels = [{k: group[k] for k in ("fused", "foreach") if k in group} for group in groups]
+    # A sharded folder loads onto however many ranks this run has (resharding); either loads
+    # with this run's kernels, not the saving machine's (checkpoint.with_own_kernels).
     sharded_checkpoint.load_model_and_optimizer(path, state, run.raw_model, run.optimizer)
-    for group, own in zip(run.optimizer.param_groups, kernels, strict=True):  # this run's
-        group.update(own)  # kernels, not the saving machine's (a CPU checkpoint on CUDA: fused)
     if slots.load().optimizer is None:  # the template's AdamW: this run's --weight-decay
         set_weight_decay(run.optimizer, run.config.optim.weight_decay)
 
@@ -86,6 +83,9 @@ def _save_scaler(run: Any, at: Position) -> dict[str, Any]:
 
 
 def _load_scaler(run: Any, state: dict[str, Any], path: Path) -> None:
+    if not state["scaler"] and run.scaler.is_enabled():  # trained at bf16 or fp32, fp16 now
+        run.log(f"{path} was trained without fp16's loss scaling: the scale starts fresh")
+        return
     checkpoint.load_state_into(run.scaler, state["scaler"], "scaler", path)
 
 

@@ -40,6 +40,23 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
     return path
 
 
+def saved_precision(resume: str | None, run_dir: Path) -> str | None:
+    """The precision the checkpoint `--resume` names was trained at (its config record, read
+    through a memory map), or None: no resume, or one that does not say (resume() then
+    says what is wrong with it)."""
+    try:
+        path = resolve_resume(resume, run_dir)
+        if path is None:
+            return None
+        state = torch.load(
+            sharded_checkpoint.state_file(path), map_location="cpu", weights_only=True, mmap=True
+        )
+        precision = checkpoint.flat_record(state["config"]).get("precision")
+    except Exception:  # unreadable, or no config record: resume() says so, in its place
+        return None
+    return precision if precision in ("fp32", "bf16", "fp16") else None
+
+
 def refuse_unreadable_last(last: Path) -> None:
     """`--resume auto` must not start over (replacing it) when last.pt is a link to a missing
     file (checkpoints on an unmounted volume) or a folder."""

@@ -125,6 +125,7 @@ def load_model_and_optimizer(
     else:
         checkpoint.load_state_into(model, state["model"], "model", path)
         saved = checkpoint.regrouped(state["optimizer"], model, optimizer)  # v0.2.0's one group
+        saved = checkpoint.with_own_kernels(saved, optimizer)
         checkpoint.load_state_into(optimizer, saved, "optimizer", path)
 
 
@@ -152,6 +153,7 @@ def load_shards(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) 
                 "state": target["state"],
                 "param_groups": _regrouped(target["param_groups"][0], optimizer_state),
             }
+        optimizer_state = checkpoint.with_own_kernels(optimizer_state, optimizer)
         set_state_dict(
             model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state
         )
