@@ -28,8 +28,15 @@ SRC = f"src/{PACKAGE}"
 # `<<<<<<<` blocks per file that `copier update --defaults` leaves in the kept example, and in
 # the project with two changed defaults only: config.py and data.py were rewritten in this
 # release (their template halves moved to config_base.py and data_sources.py, issue 28), each
-# conflicts in one block where the user edited it; train.py in its imports and epoch end.
-CONFLICT_BLOCKS = {f"{SRC}/config.py": 1, f"{SRC}/data.py": 1, f"{SRC}/train.py": 2}
+# conflicts in one block where the user edited it; train.py in its imports and epoch end;
+# model.py in its docstring and where the user's `build_model` ladder meets the template's
+# registrations (0.4.0: the template's models registered with @slots.model, issue 52).
+CONFLICT_BLOCKS = {
+    f"{SRC}/config.py": 1,
+    f"{SRC}/data.py": 1,
+    f"{SRC}/model.py": 2,
+    f"{SRC}/train.py": 2,
+}
 DEFAULTS_CONFLICT_BLOCKS = {f"{SRC}/config.py": 1}
 
 USER_README = """# Edited project

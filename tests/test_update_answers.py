@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from helpers import ROOT, copy_template_repo, git, git_init_commit, render, run
+from test_release import release_revision
 from test_update import conflict_markers, files_without_commit, skipped_on_update, update
 from upgrade_notes import follow, parse_steps
 
@@ -118,6 +119,33 @@ def test_a_deleted_template_file_stays_deleted_and_benchmarks_still_update(templ
 RELEASE_V010 = "11c99402b04b441478610d7af8187603415a5cc1"
 
 
+def _history(tmp_path: Path, version: str, revision: str) -> Path:
+    """This repository's history with two tags only: release `version` at `revision`, and the
+    working tree committed as v1.0.0 (copier renders tags)."""
+    history = tmp_path / "history"
+    run(["git", "clone", "-q", "--no-checkout", ROOT, history], tmp_path)
+    for tag in git(history, "tag", "--list").split():
+        git(history, "tag", "-d", tag)
+    git(history, "tag", f"v{version}", revision)
+    current = copy_template_repo(tmp_path / "current")
+    git(history, "fetch", "-q", str(current), "main")
+    git(history, "tag", "v1.0.0", "FETCH_HEAD")
+    return history
+
+
+def _follow_and_compare(tmp_path: Path, history: Path, project: Path, answers: dict[str, object],
+                        task: str, version: str) -> None:  # fmt: skip
+    """The notes since `version`, followed; then the project is exactly a fresh copy's files
+    (the user's README aside), whose whole suite the render matrix runs."""
+    package = str(answers["project_name"]).replace("-", "_")
+    follow(project, package, task, parse_steps((ROOT / "CHANGELOG.md").read_text(), version))
+    fresh = files_without_commit(render(tmp_path / "fresh", answers, src=history, vcs_ref="v1.0.0"))
+    updated = files_without_commit(project)
+    assert sorted(updated) == sorted(fresh)
+    differing = [name for name in fresh if updated[name] != fresh[name]]
+    assert set(differing) <= set(skipped_on_update()), differing  # README.md, if changed
+
+
 def test_a_v010_project_updates_by_the_notes_to_a_fresh_copy(tmp_path):
     """`tracker` replaced the `tensorboard` question: updating a v0.1.0 project made with
     tensorboard=true keeps TensorBoard as its tracker, and the old answer leaves the file.
@@ -125,14 +153,7 @@ def test_a_v010_project_updates_by_the_notes_to_a_fresh_copy(tmp_path):
     the project is exactly a fresh copy's files (the user's README aside), whose whole suite
     the render matrix runs. (A project with edits follows the notes from 0.2.0: the kept
     example.)"""
-    history = tmp_path / "history"
-    run(["git", "clone", "-q", "--no-checkout", ROOT, history], tmp_path)
-    for tag in git(history, "tag", "--list").split():
-        git(history, "tag", "-d", tag)
-    git(history, "tag", "v0.1.0", RELEASE_V010)
-    current = copy_template_repo(tmp_path / "current")
-    git(history, "fetch", "-q", str(current), "main")
-    git(history, "tag", "v1.0.0", "FETCH_HEAD")
+    history = _history(tmp_path, "0.1.0", RELEASE_V010)
     answers = {"project_name": "tb-project", "tensorboard": True}
     project = render(tmp_path / "project", answers, src=history, vcs_ref="v0.1.0")
     git_init_commit(project, "rendered from v0.1.0")
@@ -145,12 +166,18 @@ def test_a_v010_project_updates_by_the_notes_to_a_fresh_copy(tmp_path):
     tracker = 'tracker: Literal["none", "tensorboard", "mlflow", "wandb"] = field(\n'
     assert tracker + '        default="tensorboard"' in config
     assert conflict_markers(project) == []
+    _follow_and_compare(tmp_path, history, project, answers, "image", "0.1.0")
 
-    follow(
-        project, "tb_project", "image", parse_steps((ROOT / "CHANGELOG.md").read_text(), "0.1.0")
-    )
-    fresh = files_without_commit(render(tmp_path / "fresh", answers, src=history, vcs_ref="v1.0.0"))
-    updated = files_without_commit(project)
-    assert sorted(updated) == sorted(fresh)
-    differing = [name for name in fresh if updated[name] != fresh[name]]
-    assert differing == skipped_on_update(), differing
+
+@pytest.mark.parametrize("task", ["image", "lm"])
+def test_a_v030_project_updates_by_the_notes_to_a_fresh_copy(tmp_path, task):
+    """The newest release's path (0.3.0, the last before the restructure of issue 52), as the
+    0.1.0 path above: a project of each task updates with no conflict, and after the notes
+    since 0.3.0 it is exactly a fresh copy."""
+    history = _history(tmp_path, "0.3.0", release_revision("0.3.0"))
+    answers = {"project_name": f"kept-{task}", "task": task}
+    project = render(tmp_path / "project", answers, src=history, vcs_ref="v0.3.0")
+    git_init_commit(project, "rendered from v0.3.0")
+    update(project, vcs_ref="v1.0.0", conflict="inline")
+    assert conflict_markers(project) == []
+    _follow_and_compare(tmp_path, history, project, answers, task, "0.3.0")

@@ -98,8 +98,9 @@ def test_the_kept_example_updates_by_following_the_notes(kept, tmp_path):
     """docs/updating.md's Update block as the page writes it, then its Resolve checks, then
     the notes followed literally; then the project trains with its own flags, resumes its
     0.2.0 checkpoint and passes its own tests and a selection of the template's.
-    Conflict blocks (CONFLICT_BLOCKS): config.py 1, data.py 1 (both rewritten by this
-    release), train.py 2 (the user's import, the end of an epoch); none elsewhere."""
+    Conflict blocks (CONFLICT_BLOCKS): config.py 1, data.py 1 (both rewritten by 0.3.0),
+    train.py 2 (the user's import, the end of an epoch), model.py 2 (its docstring, and the
+    template's registrations where the user's ladder stood); none elsewhere."""
     project = clone(kept, tmp_path / "project")
     status, update, unmerged, rejects = doc_commands("## Update")
     assert update == "copier update --defaults"
@@ -214,7 +215,8 @@ def test_a_project_with_changed_defaults_only_updates_by_the_notes(kept, tmp_pat
     """Changed default values only (epochs, lr): config.py conflicts in one block (this release
     rewrote it), which the notes resolve with the user's two defaults put in `Config`; they are
     in effect, and the tests that read defaults pass with them. Then, as the interface table
-    says, a model.py without build_model_for stops training with one line."""
+    says, a model.py that registers no model and has no build_model_for stops training with
+    one line."""
     project = tmp_path / "defaults"
     run(["git", "clone", "-q", kept, project], tmp_path)
     git(project, "reset", "-q", "--hard", "HEAD~1")  # the 0.2.0 render, before the edits
@@ -227,13 +229,16 @@ def test_a_project_with_changed_defaults_only_updates_by_the_notes(kept, tmp_pat
     resolved(project)
     ours = f"from {PACKAGE}.config import Config; c = Config().optim; assert (c.epochs, c.lr) == "
     imports_every_module(project, then=ours + "(7, 1e-3), c")  # the user's defaults are kept
-    # A model.py rewritten without build_model_for (as against v0.1.0): one line, exit 2.
+    # A model.py that registers nothing and has no build_model_for (rewritten as against
+    # v0.1.0, which called build_model): one line, exit 2.
     model = project / SRC / "model.py"
-    model.write_text(model.read_text().split("\ndef build_model_for(")[0])
+    text = model.read_text()
+    assert "@slots.model(" in text and "def build_model_for(" not in text  # 0.4.0's, merged
+    model.write_text(text.split("\ndef _fp32_adamw_bytes(")[0])  # the classes only
     refused = train(project, *SMALL, "--run-dir", str(tmp_path / "refused"), check=False)
     assert refused.returncode == 2, refused.stderr
     assert refused.stderr.strip().count("\n") == 0, refused.stderr
-    assert "has no build_model_for(config, info)" in refused.stderr
+    assert "register yours with @slots.model" in refused.stderr
     git(project, "checkout", "--", str(model))
     # The files that read the defaults: the edited example above runs the whole fast suite on
     # a project with these two changed defaults among its edits.

@@ -3,7 +3,7 @@
 A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts, so it loads with
 `torch.load(..., weights_only=True)`, which cannot run code hidden in a file (plain pickle
 can). The model is saved unwrapped (no `_orig_mod.` or `module.` prefixes), so the file loads
-into a plain `build_model(...)` for inference.
+into the model `--model` builds (task.build_model_for) for inference.
 """
 
 from __future__ import annotations

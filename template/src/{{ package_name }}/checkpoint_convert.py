@@ -3,7 +3,7 @@
     python -m <package>.checkpoint_convert runs/default/checkpoints/last.dcp model.pt
 
 The output has the format of a single-file checkpoint (`last.pt`): the full, unsharded model
-(loads into a plain `build_model(...)` with `load_state_dict`), the optimizer (its state keyed
+(loads into the model `--model` builds with `load_state_dict`), the optimizer (its state keyed
 by parameter number, as `optimizer.state_dict()` gives it) and the training state, read with
 `torch.load(..., weights_only=True)` (see checkpoint.py). Use it for inference and sampling,
 to share weights, or to resume with `--resume model.pt --parallel ddp`. It runs in one process
