@@ -191,6 +191,15 @@ TRAINING = [
         "first_step = run.skip_samples // run.samples_per_step if start else 0",
         "first_step = run.skip_samples // run.config.optim.batch_size if start else 0",
         "test_step_checkpoints.py", "accumulation"),
+    bug("every-stop-signal-exits-143", "stopping.py",
+        "self.exit_code = 128 + signum", "self.exit_code = 128 + signal.SIGTERM",
+        "test_checkpoint.py", "128_plus"),
+    bug("an-import-error-inside-extensions-py-swallowed", "slots.py",
+        "            except ModuleNotFoundError as error:\n"
+        "                if error.name != module:  # the file exists; an import inside it failed\n"
+        "                    raise\n",
+        "            except ImportError:  # no such file: nothing registered\n                pass\n",
+        "test_slots.py", "import_that_fails"),
     bug("augmentation-share-upside-down", "benchmarks/augmentation.py",
         'shares = {name: invert(compare(timings[name], timings["none"])) for name in RECIPES}',
         'shares = {name: compare(timings[name], timings["none"]) for name in RECIPES}',
