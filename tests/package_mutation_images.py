@@ -40,8 +40,8 @@ IMAGES_AND_OUTSIDERS = [
         "torch.cuda.is_bf16_supported(including_emulation=False)",
         "torch.cuda.is_bf16_supported()",
         "test_tune.py", "emulates"),
-    bug("a-resumed-optimizer-keeps-the-saved-kernels", "checkpoint_state.py",
-        "group.update(own)", "pass",
+    bug("a-resumed-optimizer-keeps-the-saved-kernels", "checkpoint.py",
+        "{**group, **{key: mine[key] for key in KERNEL_FLAGS if key in mine}}", "dict(group)",
         "test_train.py", "kernels"),
     # ---- files.py and the readers: hostile paths, one line each (issue 36) -----------------
     bug("an-output-s-temp-file-left-behind", "files.py",
