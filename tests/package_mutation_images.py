@@ -40,8 +40,8 @@ IMAGES_AND_OUTSIDERS = [
         "torch.cuda.is_bf16_supported(including_emulation=False)",
         "torch.cuda.is_bf16_supported()",
         "test_tune.py", "emulates"),
-    bug("a-resumed-optimizer-keeps-the-saved-kernels", "checkpoint_state.py",
-        "group.update(own)", "pass",
+    bug("a-resumed-optimizer-keeps-the-saved-kernels", "checkpoint.py",
+        "{**group, **{key: mine[key] for key in KERNEL_FLAGS if key in mine}}", "dict(group)",
         "test_train.py", "kernels"),
     # ---- files.py and the readers: hostile paths, one line each (issue 36) -----------------
     bug("an-output-s-temp-file-left-behind", "files.py",
@@ -269,6 +269,24 @@ IMAGES_AND_OUTSIDERS = [
     bug("datasets-no-rows-concatenated", "image_shards.py",
         "        if not self.files:", "        if False:",
         "test_image_shards.py", "missing_label"),
+    # ---- issue 53: planted bugs the fast suite let through ----------------------------------
+    bug("pre-split-shards-count-only-train-s-classes", "image_shards.py",
+        "range(max(len(train.classes), len(val.classes)))", "range(len(train.classes))",
+        "test_image_shards.py", "both_splits"),
+    bug("datasets-row-read-from-its-path-before-its-bytes", "image_shards.py",
+        '        if cell.get("bytes") is not None:\n'
+        '            return Member(cell["bytes"], where), self.samples[index][1]\n'
+        '        if cell.get("path"):\n'
+        '            return Path(cell["path"]), self.samples[index][1]\n',
+        '        if cell.get("path"):\n'
+        '            return Path(cell["path"]), self.samples[index][1]\n'
+        '        if cell.get("bytes") is not None:\n'
+        '            return Member(cell["bytes"], where), self.samples[index][1]\n',
+        "test_image_shards.py", "bytes_and_a_path"),
+    bug("predict-csv-header-sized-by-top-k", "predict.py",
+        "text = render(rows, fmt, min(args.top_k, len(trained.classes)))",
+        "text = render(rows, fmt, args.top_k)",
+        "test_inference.py", "labels_a_folder"),
     bug("hub-config-read-outside-one-line", "hub_models.py",
         "    except (OSError, ValueError) as error:  # not JSON",
         "    except ImportError as error:  # not JSON",

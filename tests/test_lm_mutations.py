@@ -320,6 +320,16 @@ MUTATIONS = [
         "    lost = [path for path in files if not path.is_file()]",
         "    lost: list[Path] = []",
         "test_lm_hostile.py", "missing_a_file"),
+    # ---- issue 53: planted bugs the fast suite let through ----------------------------------
+    bug("lm-prepare-bpe-learns-from-the-held-out-documents", "prepare.py",
+        "            if not held_out(document, fraction):\n", "            if True:\n",
+        TOKENIZERS, "prepare_s_bpe"),
+    bug("lm-prepare-bpe-sample-mb-never-counted-down", "prepare.py",
+        "                left -= len(document)\n", "",
+        TOKENIZERS, "prepare_s_bpe"),
+    bug("lm-epoch-offset-under-two-ranks-mixes-two-epochs", "data_sources.py",
+        "offset = self.epoch * len(self.dataset)", "offset = self.epoch * self.num_samples",
+        "test_lm_training.py", "two_ranks_together"),
 ]  # fmt: skip
 
 
