@@ -150,6 +150,11 @@ def barrier() -> None:
         dist.barrier()
 
 
+def enabled() -> bool:
+    """Whether this process is one rank of a process group (torchrun)."""
+    return dist.is_available() and dist.is_initialized()
+
+
 def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     """Reduce `tensor` in place across ranks (a no-op in a single process); returns it."""
     if dist.is_available() and dist.is_initialized():

@@ -183,13 +183,18 @@ def train_step(run: Run, batches: Iterator[Any], stop: StopSignal) -> tuple[torc
             optimizer=optimizer,
         )
     # The one deliberate host sync per step: it lets the run stop BEFORE a NaN reaches the
-    # weights. Loss and norm share one flag, so one read. Under fp16 an inf gradient is
+    # weights. Loss and norm share one flag, so one read (under torchrun, with the stop
+    # request and --save-every-minutes' clock, one all-reduce). Under fp16 an inf gradient is
     # routine (GradScaler skips that step), so only the loss counts there. Its own label: on
     # a GPU the wait for the queued forward and backward lands here, not around it.
     with record_function("sync"):
         step_loss = step_losses[0] if accum == 1 else torch.stack(step_losses).sum()
         healthy = step_is_finite(step_loss, grad_norm, scaler)
-        blew_up, stop_now = _agree(healthy, stop.signum is not None, run.ctx, device)
+        # --save-every-minutes under torchrun: "time is up" is agreed on in the same read.
+        late = run.ctx.enabled and step_checkpoints.late(run)
+        blew_up, stop_now, late = _agree(healthy, stop.signum is not None, late, run.ctx, device)
+        if run.ctx.enabled:
+            step_checkpoints.agree_late(run, late)
     if blew_up:  # every rank got here: the verdict was all-reduced
         kept = exits.kept(run.last_path, run.best_path)
         raise blow_up_error(
@@ -208,18 +213,20 @@ def train_step(run: Run, batches: Iterator[Any], stop: StopSignal) -> tuple[torc
 
 
 def _agree(
-    healthy: torch.Tensor, stop: bool, ctx: distributed.Context, device: torch.device
-) -> tuple[bool, bool]:
+    healthy: torch.Tensor, stop: bool, late: bool, ctx: distributed.Context, device: torch.device
+) -> tuple[bool, bool, bool]:
     """Read the step's health flag; under DDP every rank must reach the same verdict.
 
     A rank that stopped alone would leave the others waiting forever in the next all-reduce,
-    so the flag and the stop request travel together in one small all-reduce (max).
+    so the flag, the stop request and --save-every-minutes' "time is up" travel together in
+    one small all-reduce (max): one collective and one read per step, however many flags.
     """
     if not ctx.enabled:
-        return not bool(healthy), stop
-    flags = torch.stack([~healthy, torch.full((), stop, device=device)]).float()  # no copy
-    blew_up, stop_all = distributed.all_reduce(flags, op="max").tolist()
-    return blew_up > 0, stop_all > 0
+        return not bool(healthy), stop, late
+    requests = [torch.full((), flag, device=device) for flag in (stop, late)]  # no copy
+    flags = torch.stack([~healthy, *requests]).float()
+    blew_up, stop_all, late_all = distributed.all_reduce(flags, op="max").tolist()
+    return blew_up > 0, stop_all > 0, late_all > 0
 
 
 def log_progress(run: Run, writer: MetricsWriter, epoch: int, bar: tqdm[Any]) -> None:

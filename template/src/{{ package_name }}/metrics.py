@@ -62,23 +62,24 @@ class Meter:
         self.steps += 1
 
     def read(self) -> dict[str, float]:
-        """Sum over ranks and read once: the only host sync of a log interval."""
+        """Sum over ranks and read once: the only host sync of a log interval.
+
+        The device's sums come back in one read. The host's counts stay on the host in a
+        single process; under torchrun they travel with the sums (one copy, not one each).
+        """
         elapsed = time.perf_counter() - self.started
-        values = torch.stack(
-            [
-                self.loss.float(),
-                self.correct.float(),
-                self.grad_norm.float(),
-                self.finite_steps.float(),
-                torch.tensor(float(self.batches), device=self.device),
-                torch.tensor(float(self.samples), device=self.device),
-                torch.tensor(self.data_time, device=self.device),
-                *(self.extra[name] for name in sorted(self.extra)),
-            ]
-        )
-        loss, correct, grad_norm, finite, batches, samples, data_time, *extra = (
-            distributed.all_reduce(values).tolist()
-        )
+        sums = [self.loss, self.correct, self.grad_norm, self.finite_steps]
+        sums += [self.extra[name] for name in sorted(self.extra)]
+        values = torch.stack([value.float() for value in sums])
+        host = [float(self.batches), float(self.samples), self.data_time]
+        if distributed.enabled():
+            counts = torch.tensor(host, pin_memory=self.device.type == "cuda")
+            values = torch.cat([values, counts.to(self.device, non_blocking=True)])
+            read = distributed.all_reduce(values).tolist()
+        else:
+            read = values.tolist() + host
+        loss, correct, grad_norm, finite, *rest = read
+        *extra, batches, samples, data_time = rest
         # Every rank holds the same (all-reduced) gradient norm and skips the same steps;
         # data time is averaged.
         return {

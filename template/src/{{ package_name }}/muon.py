@@ -105,12 +105,60 @@ class MuonAdamW(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         self._share()
 
+    # GradScaler (fp16) hands this optimizer its found-inf flag instead of reading it: without
+    # this, `scaler.step` calls `.item()` on it, a blocking host sync per step on a GPU.
+    _step_supports_amp_scaling = True
+
     @torch.no_grad()
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
-        """One step of each: Muon on the matrices, AdamW on the rest."""
+        """One step of each: Muon on the matrices, AdamW on the rest. Under fp16 GradScaler
+        sets `found_inf` (and `grad_scale` when the gradients are still scaled): a step with
+        an overflow changes nothing, decided on the device."""
         if closure is not None:
             raise ValueError("MuonAdamW.step takes no closure")
+        grad_scale = getattr(self, "grad_scale", None)
+        found_inf = getattr(self, "found_inf", None)
+        if grad_scale is not None:  # scaler.step without scaler.unscale_ before it
+            grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+            torch._foreach_mul_(grads, grad_scale.double().reciprocal().float())
         if self.muon is not None:
-            self.muon.step()
-        if self.adamw is not None:
+            _step_unless(self.muon, found_inf)
+        if self.adamw is None:
+            return
+        if found_inf is not None and self.adamw.defaults.get("fused"):
+            self.adamw.found_inf = found_inf  # type: ignore[attr-defined]  # its kernel skips
+            try:
+                self.adamw.step()
+            finally:
+                del self.adamw.found_inf  # type: ignore[attr-defined]
+        elif found_inf is not None:  # unfused (the CPU): GradScaler's own read
+            if not found_inf.item():
+                self.adamw.step()
+        else:
             self.adamw.step()
+
+
+def _step_unless(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor | None) -> None:
+    """`optimizer.step()`, undone on the device where `found_inf` is set: the parameters and
+    the state tensors are copied before and put back after (a transient copy of Muon's
+    matrices and momenta, under fp16 only). A momentum made by a skipped first step stays
+    zero, which is what a missing one means."""
+    if found_inf is None:
+        optimizer.step()
+        return
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    weights = [p.detach().clone() for p in params]
+    states = {
+        id(value): value.clone()
+        for p in params
+        for value in optimizer.state.get(p, {}).values()
+        if isinstance(value, torch.Tensor)
+    }
+    optimizer.step()
+    skip = found_inf.to(torch.bool)
+    for p, old in zip(params, weights, strict=True):
+        p.detach().copy_(torch.where(skip, old, p.detach()))
+        for value in optimizer.state[p].values():
+            if isinstance(value, torch.Tensor):
+                saved = states.get(id(value))
+                value.copy_(torch.where(skip, saved if saved is not None else 0, value))

@@ -76,6 +76,9 @@ class Saver:
     keep: int
     writer: BackgroundWriter | None  # rank 0 of a single-file run with --save-in-background
     last_save: float = field(default_factory=time.monotonic)
+    # --save-every-minutes under torchrun: every rank's verdict, agreed in the step's one
+    # all-reduce (loop.train_step, with the health flag and the stop request).
+    agreed_late: bool = False
 
 
 def saver(run: Any) -> Saver:
@@ -102,8 +105,19 @@ def due(run: Any, step_in_epoch: int) -> bool:
         return bool(run.global_step % plan.every == 0)
     if plan.minutes is None:
         return False
-    late = time.monotonic() - plan.last_save >= 60 * plan.minutes
-    return distributed.any_rank(late, run.device)  # clocks differ: rank 0's verdict is not enough
+    # Clocks differ, so under torchrun rank 0's verdict is not enough: the step agreed on it.
+    return plan.agreed_late if run.ctx.enabled else late(run)
+
+
+def late(run: Any) -> bool:
+    """Whether --save-every-minutes' time is up on this rank's clock (False without it)."""
+    plan = saver(run)
+    return plan.minutes is not None and time.monotonic() - plan.last_save >= 60 * plan.minutes
+
+
+def agree_late(run: Any, verdict: bool) -> None:
+    """Keep the ranks' agreed `late` verdict of this step for `due`."""
+    saver(run).agreed_late = verdict
 
 
 def target(run: Any) -> Path:
