@@ -83,6 +83,7 @@ SLOW_FILES: dict[str, list[str]] = {
 # (tests/matrix_checks.py): defaults are the user's, so no generated test may hard-code one.
 USER_DEFAULTS_RENDER = "py311-apache-mlp"
 USER_DEFAULTS = {
+    "model": '"usernet"',  # a model of the user's own (tests/matrix_checks.py)
     "seed": "7",
     "width": "48",
     "dropout": "0.2",

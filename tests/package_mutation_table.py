@@ -224,7 +224,8 @@ TRAINING = [
         "            except ModuleNotFoundError as error:\n"
         "                if error.name != module:  # the file exists; an import inside it failed\n"
         "                    raise\n",
-        "            except ImportError:  # no such file: nothing registered\n                pass\n",
+        "            except ImportError:  # no such file: nothing registered\n"
+        "                pass\n",
         "test_slots.py", "import_that_fails"),
     bug("augmentation-share-upside-down", "benchmarks/augmentation.py",
         'shares = {name: invert(compare(timings[name], timings["none"])) for name in RECIPES}',
@@ -389,7 +390,8 @@ TRAINING = [
         "if not 0 <= model.dropout < 1:", "if not 0 <= model.dropout <= 1:",
         "test_config.py", "bad_flags"),
     bug("a-registered-model-s-memory-bound-ignored", "config_base.py",
-        "if spec is not None:  # registered", "if False:  # registered",
+        "needed = int(spec.memory(self)) if spec is not None and spec.memory else 0",
+        "needed = 0",
         "test_slots.py", "memory_bound"),
     # ---- config_parsing.py: flags through tyro, TOML files ---------------------------------------
     bug("flags-get-their-group-prefix", "config_parsing.py",
@@ -408,10 +410,11 @@ TRAINING = [
         "test_config.py", "written_toml"),
     # ---- model.py: config and data shapes reach the model --------------------------------------
     bug("mlp-width-not-scaled", "model.py",
-        "width=8 * width", "width=width",
+        "width=8 * config.model.width", "width=config.model.width",
         "test_model.py", "architecture"),
     bug("dropout-flag-ignored", "model.py",
-        "dropout=config.model.dropout", "dropout=0.1",
+        "info.in_channels, info.num_classes, width=config.model.width, dropout=config.model.dropout",
+        "info.in_channels, info.num_classes, width=config.model.width, dropout=0.1",
         "test_model.py", "architecture"),
     bug("pooling-drops-odd-pixels", "model.py",
         "nn.MaxPool2d(2, ceil_mode=True)", "nn.MaxPool2d(2)",
