@@ -111,7 +111,7 @@ class Runner:
         git_init_commit(self.project)  # a clean tree, as `copier update` requires
         self.env = {**os.environ, "PYTHONPATH": str(self.project / "src")}
         self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env['PATH']}"
-        self.made: list[str] = []  # folders an earlier example_data step on the page writes
+        self.made: list[str] = []  # folders an earlier example_data or prepare step writes
 
     def isolated(self) -> Path:
         """A fresh copy of the project, for a command that runs beside the others."""
@@ -131,6 +131,8 @@ class Runner:
         language_model = (self.project / "src" / PACKAGE / "text.py").exists()
         if short == "example_data" and args:
             self.made.append(args[0].rstrip("/") + "/")
+        if short == "prepare" and flag_value(args, "--out"):  # it writes only a new folder
+            self.made.append(str(flag_value(args, "--out")).rstrip("/") + "/")
         data_dir = flag_value(args, "--data-dir")
         made = data_dir and any((data_dir + "/").startswith(m) for m in self.made)
         if data_dir and not made and not (self.project / data_dir).exists():

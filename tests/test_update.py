@@ -182,7 +182,7 @@ def test_the_minimum_copier_version_is_the_same_everywhere():
 
 def test_user_edits_survive_and_the_template_change_arrives(template_v1, project):
     package = project / "src" / PACKAGE
-    edit(package / "model.py", r"^(?=def build_model\()", USER_LAYER.lstrip("\n"))
+    edit(package / "model.py", r"^(?=def _fp32_adamw_bytes\()", USER_LAYER.lstrip("\n"))
     edit(package / "config.py", OPTIM_LINE, OUR_EPOCHS)
     (project / "tests" / "test_user_layer.py").write_text(USER_TEST)
     commit_all(project, "user edits: a layer, a default, a test")
@@ -435,7 +435,7 @@ def test_the_package_is_renamed_as_the_docs_say(template_v1, project):
     `copier update --vcs-ref=:current: -d package_name=...`: the user's edits and own tests
     move with the package, and every conflict's `before updating` side is the user's file."""
     old, new = project / "src" / PACKAGE, project / "src" / "renamed_pkg"
-    edit(old / "model.py", r"^(?=def build_model\()", USER_LAYER.lstrip("\n"))
+    edit(old / "model.py", r"^(?=def _fp32_adamw_bytes\()", USER_LAYER.lstrip("\n"))
     edit(old / "config.py", OPTIM_LINE, OUR_EPOCHS)
     (project / "tests" / "test_user_layer.py").write_text(USER_TEST)
     commit_all(project, "user edits")
