@@ -22,6 +22,7 @@ from matrix import (
     SLOW_RENDER,
     USER_DEFAULTS,
     USER_DEFAULTS_RENDER,
+    USER_LM_RENDER,
     package_name,
 )
 
@@ -130,11 +131,11 @@ def extra_metrics(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torc
 """
 
 
-def make_model_yours(text: str) -> str:
+def make_model_yours(text: str, user_model: str = USER_MODEL) -> str:
     """model.py with the user's classes and registrations after the template's (its imports
     give them `slots`, `Config` and `DataInfo`)."""
     assert "from . import slots" in text, "model.py: no registry import for the user's models"
-    return text.rstrip("\n") + USER_MODEL
+    return text.rstrip("\n") + user_model
 
 
 def add_a_metric(text: str) -> str:
@@ -143,6 +144,41 @@ def add_a_metric(text: str) -> str:
     end = text.find("\n    return {}\n", start)
     assert 0 <= start < end, "extensions.py: no `extra_metrics` returning {} to replace"
     return text[:start] + USER_METRIC + text[end + len("\n    return {}\n") :]
+
+
+USER_LM_MODEL = """
+
+
+class UserGRU(nn.Module):
+    \"\"\"A user's own language model: an embedding, a GRU, a head (no cache, no FLOPs count,
+    no hidden nn.Linear for Muon).\"\"\"
+
+    def __init__(self, vocab: int, width: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.rnn = nn.GRU(width, width, batch_first=True)
+        self.out = nn.Linear(width, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        hidden, _ = self.rnn(self.embed(tokens))
+        return self.out(hidden)
+
+
+@slots.model("usergru", help="a user's GRU (no memory bound)")
+def build_usergru(config: Config, info: DataInfo) -> nn.Module:
+    return UserGRU(info.num_classes, config.model.width)
+"""
+
+
+def make_the_language_model_yours(project: Path) -> dict[Path, str]:
+    """A language-model render with the user's GRU added to model.py and made the default in
+    config.py; returns the two files as they were, to put back."""
+    (model,) = project.glob("src/*/model.py")
+    (config,) = project.glob("src/*/config.py")
+    before = {model: model.read_text(), config: config.read_text()}
+    model.write_text(make_model_yours(before[model], USER_LM_MODEL))
+    change_defaults(project, {"model": '"usergru"'})
+    return before
 
 
 def make_it_yours(project: Path) -> None:
@@ -157,7 +193,10 @@ def installs_and_passes_its_cpu_suite(project: Path, name: str) -> None:
     if name == USER_DEFAULTS_RENDER:
         change_defaults(project, USER_DEFAULTS)
         make_it_yours(project)
+    as_made = make_the_language_model_yours(project) if name == USER_LM_RENDER else {}
     check_project(project, slow=False, python_version=MATRIX[name]["python_version"], tests=tests)
+    for path, text in as_made.items():  # the slow files and the epoch: the render as made
+        path.write_text(text)
     if name == SLOW_RENDER:  # the whole suite's slow tests
         run_project_suite(project, markers="not gpu and slow")
     if name in SLOW_FILES:  # the slow tests only this render has
