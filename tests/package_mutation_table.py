@@ -392,7 +392,7 @@ TRAINING = [
     bug("a-registered-model-s-memory-bound-ignored", "config_base.py",
         "needed = int(spec.memory(self)) if spec is not None and spec.memory else 0",
         "needed = 0",
-        "test_slots.py", "memory_bound"),
+        "test_memory_check.py", "memory_bound"),
     # ---- config_parsing.py: flags through tyro, TOML files ---------------------------------------
     bug("flags-get-their-group-prefix", "config_parsing.py",
         "config=(tyro.conf.OmitArgPrefixes,),", "config=(),",
