@@ -124,7 +124,7 @@ NO_CUDA = "no CUDA device: GPU checks skipped"
 # render's session, pytest its GPU tests; the rest are the generated projects' dependencies.
 NO_VENV_MODULES = ["torch", "copier", "pytest", "nox", "tyro", "tqdm", "numpy", "PIL", "tokenizers"]
 # The generated projects' GPU probe, stand-alone (stdlib + torch), so it runs by path here.
-CUDA_CHECK = ROOT / "template" / "src" / "{{ package_name }}" / "cuda_check.py"
+CUDA_CHECK = ROOT / "template" / "src" / "{{ package_name }}" / "runtime/cuda_check.py"
 PY_VERSION = "import sys; print('%d.%d' % sys.version_info[:2])"
 # copier.yml's _min_copier_version: the `tests` session also runs the update tests on it.
 MIN_COPIER = "9.13.0"

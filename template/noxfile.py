@@ -243,7 +243,9 @@ def gpu(session: nox.Session) -> None:
     python, package, env = _python(session), _package(), _env(session)
     # One line: torch, its CUDA, the GPUs, the driver; exit 1 if a GPU is there but unusable.
     report = str(
-        session.run(python, "-m", f"{package}.cuda_check", env=env, silent=True, external=True)
+        session.run(
+            python, "-m", f"{package}.runtime.cuda_check", env=env, silent=True, external=True
+        )
     ).strip()
     session.log(report)
     if report.startswith(NO_CUDA):

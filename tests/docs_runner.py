@@ -128,7 +128,7 @@ class Runner:
 
     def module_step(self, module: str, args: list[str]) -> dict:
         short = module.rsplit(".", 1)[-1]
-        language_model = (self.project / "src" / PACKAGE / "text.py").exists()
+        language_model = (self.project / "src" / PACKAGE / "language/text.py").exists()
         if short == "example_data" and args:
             self.made.append(args[0].rstrip("/") + "/")
         if short == "prepare" and flag_value(args, "--out"):  # it writes only a new folder

@@ -32,9 +32,9 @@ GROUP_CLASS = re.compile(r"^class (\w+Config)\b[^\n]*\n(.*?)(?=^\S|\Z)", re.M | 
 def change_defaults(project: Path, defaults: dict[str, str]) -> None:
     """Set defaults as config.py's docstring tells a user to: as arguments of their group's
     line in `Config`, `optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))`
-    (the group of each field read from the template's config_base.py)."""
+    (the group of each field read from the template's settings/base.py)."""
     (config,) = project.glob("src/*/config.py")
-    base = config.with_name("config_base.py").read_text()
+    base = (config.parent / "settings" / "base.py").read_text()
     by_group: dict[str, list[str]] = {}
     for name, value in defaults.items():
         owners = [

@@ -83,7 +83,7 @@ def test_the_template_session_fails_on_a_gpu_machine_whose_torch_has_no_cuda(tmp
 
 @pytest.mark.parametrize("where", ["project", "template"])
 def test_no_venv_names_a_missing_dependency_before_running_anything(project, tmp_path, where):
-    """tyro (imported at startup by config_parsing.py) went unchecked: the session started."""
+    """tyro (imported at startup by settings/parsing.py) went unchecked: the session started."""
     code, output = _nox(project if where == "project" else ROOT, hide="tyro", tmp=tmp_path)
     assert code != 0, output
     assert "lacks: tyro" in output and "--no-venv uses the python running nox" in output

@@ -1,8 +1,8 @@
 """The language-model render's suite catches realistic bugs in its own modules.
 
 As tests/test_package_mutations.py does for the image render, but for the modules only a
-`task: lm` project has: the transformer (`model.py`), the corpus and its task (`text.py`),
-the sampler (`generate.py`) and the compression comparison (`compress.py`). Each bug is one
+`task: lm` project has: the transformer (`model.py`), the corpus and its task (`language/text.py`),
+the sampler (`generate.py`) and the compression comparison (`language/compress.py`). Each bug is one
 a review can miss: attention that sees the future, targets that are not the next byte,
 validation taken from the head of the corpus, bits per byte left in nats, a sampler whose
 greedy choice is the least likely byte, bytes scored twice by compress. Each must fail the
@@ -24,35 +24,35 @@ TOKENIZERS, GPT2, PREPARE = "test_tokenizers.py", "test_gpt2_format.py", "test_p
 
 MUTATIONS = [
     # ---- --matrix-optimizer on resume (issue 37) --------------------------------------------
-    bug("lm-a-resume-switches-adamw-moments-to-muon", "checkpoint.py",
+    bug("lm-a-resume-switches-adamw-moments-to-muon", "checkpointing/checkpoint.py",
         'RESUME_FIELDS = (*MODEL_FIELDS, "matrix_optimizer")', "RESUME_FIELDS = MODEL_FIELDS",
         "test_lm_training.py", "optimizer_it_was_trained_with"),
-    # ---- tokenizer.py, and bits per byte across tokenizers (issue 37) ----------------------
-    bug("lm-a-literal-end-of-text-splits-documents", "tokenizer.py",
+    # ---- language/tokenizer.py, and bits per byte across tokenizers (issue 37) --
+    bug("lm-a-literal-end-of-text-splits-documents", "language/tokenizer.py",
         "self.inner.encode_special_tokens = True", "self.inner.encode_special_tokens = False",
         TOKENIZERS, "gives_back_every_text"),
-    bug("lm-bpe-pieces-decoded-token-by-token", "tokenizer.py",
+    bug("lm-bpe-pieces-decoded-token-by-token", "language/tokenizer.py",
         "if byte_level and all(char in BYTE_OF for char in name):", "if False:",
         TOKENIZERS, "gives_back_every_text"),
-    bug("lm-documents-run-into-each-other", "text.py",
+    bug("lm-documents-run-into-each-other", "language/text.py",
         "ids = ids + ([tokenizer.eot] if tokenizer.eot is not None else [])", "ids = ids",
         TOKENIZERS, "each_document_then"),
-    bug("lm-bpe-learns-from-the-held-out-tail", "text.py",
+    bug("lm-bpe-learns-from-the-held-out-tail", "language/text.py",
         "_training_texts(files, total * (1 - config.data.val_fraction), field)",
         "_training_texts(files, total, field)",
         TOKENIZERS, "training_part_only"),
-    bug("lm-bytes-of-the-inputs-not-the-targets", "text.py",
+    bug("lm-bytes-of-the-inputs-not-the-targets", "language/text.py",
         "targets = dataset.starts[:, None] + 1 + torch.arange(dataset.seq_len)",
         "targets = dataset.starts[:, None] + torch.arange(dataset.seq_len)",
         TOKENIZERS, "bits_per_byte_of_its_text"),
-    bug("lm-bits-per-token-reported-as-per-byte", "text.py",
+    bug("lm-bits-per-token-reported-as-per-byte", "language/text.py",
         'values = {f"{prefix}bpb": record["loss"] / math.log(2) / per_token}',
         'values = {f"{prefix}bpb": record["loss"] / math.log(2)}',
         TOKENIZERS, "bits_per_byte_of_its_text"),
     bug("lm-evaluate-counts-tokens-as-bytes", "evaluate.py",
         "size += sizes[targets].sum()", "size += targets.numel()",
         TOKENIZERS, "bits_per_byte_of_its_text"),
-    bug("lm-resume-with-another-tokenizer", "text.py",
+    bug("lm-resume-with-another-tokenizer", "language/text.py",
         'if record.get("tokenizer", "bytes") != self.tokenizer.fingerprint():', "if False:",
         TOKENIZERS, "bits_per_byte_of_its_text"),
     # ---- prepare.py: token files from many sources (issue 37, item 2) -----------------------
@@ -90,17 +90,17 @@ MUTATIONS = [
         "yield piece, split, len(document) if number == len(cut) else None",
         "yield piece, split, len(piece) if number == len(cut) else None",
         PREPARE, "long_document"),
-    bug("outsider-prepare-folder-in-listing-order", "prepared_sources.py",
+    bug("outsider-prepare-folder-in-listing-order", "language/prepared_sources.py",
         "for path in sorted(folder.iterdir()):", "for path in folder.iterdir():",
         PREPARE, "lands_whole"),
     bug("outsider-prepare-edit-of-the-same-size-unseen", "prepare.py",
         'key.update(f"{unit.path.resolve()}\\0{stat.st_size}\\0{stat.st_mtime_ns}\\n".encode())',
         'key.update(f"{unit.path.resolve()}\\0{stat.st_size}\\n".encode())',
         PREPARE, "edited_since"),
-    bug("outsider-prepare-first-arrow-file-only", "prepared_sources.py",
+    bug("outsider-prepare-first-arrow-file-only", "language/prepared_sources.py",
         'names = [entry["filename"] for entry in files]', 'names = [files[0]["filename"]]',
         PREPARE, "lands_whole"),
-    bug("outsider-prepare-null-rows-skipped", "prepared_sources.py",
+    bug("outsider-prepare-null-rows-skipped", "language/prepared_sources.py",
         "                if not isinstance(text, str):\n",
         "                if text is None:\n                    continue\n"
         "                if not isinstance(text, str):\n",
@@ -113,34 +113,34 @@ MUTATIONS = [
         "if tokenizer is not None and tokenizer.fingerprint() != own.fingerprint():",
         "if tokenizer is not None and tokenizer.kind != own.kind:",
         PREPARE, "read_a_prepared_folder"),
-    bug("outsider-prepare-a-file-named-twice-read-twice", "prepared_sources.py",
+    bug("outsider-prepare-a-file-named-twice-read-twice", "language/prepared_sources.py",
         "if real not in seen:", "if True:",
         PREPARE, "lands_whole"),
     bug("outsider-prepare-cuts-a-sentencepiece-document", "prepare.py",
         "self.cuttable = not isinstance(tokenizer, HFTokenizer) or splits_like_gpt2(tokenizer)",
         "self.cuttable = True",
         PREPARE, "another_kind"),
-    bug("outsider-prepare-follows-a-link-loop", "prepared_sources.py",
+    bug("outsider-prepare-follows-a-link-loop", "language/prepared_sources.py",
         "if path.is_dir() and not path.is_symlink():", "if path.is_dir():",
         PREPARE, "out_folder_inside"),
-    bug("outsider-prepare-reads-an-earlier-prepared-folder", "prepared_sources.py",
+    bug("outsider-prepare-reads-an-earlier-prepared-folder", "language/prepared_sources.py",
         "    if is_prepared_folder(folder):\n        return",
         "    if False:\n        return",
         PREPARE, "out_folder_inside"),
     # A fifth outside reader's (7 of 12 caught at first; these five, and two real bugs they
     # found, caught since by tests against the library's alphabet, a count by hand, a
     # counting model and transformers):
-    bug("outsider-byte-alphabet-misses-0xff", "tokenizer.py",
+    bug("outsider-byte-alphabet-misses-0xff", "language/tokenizer.py",
         "*range(0xAE, 0x100)]", "*range(0xAE, 0xFF)]",
         TOKENIZERS, "byte_tokenizer_json"),
-    bug("outsider-token-file-named-by-the-tokenizer-kind", "text.py",
+    bug("outsider-token-file-named-by-the-tokenizer-kind", "language/text.py",
         'name += "-" + tokenizer.fingerprint()', 'name += "-" + tokenizer.kind',
         TOKENIZERS, "each_document_then"),
     bug("outsider-sampling-goes-on-past-end-of-text", "generate.py",
         "if int(following) == tokenizer.eot:\n                break",
         "if int(following) == tokenizer.eot:\n                continue",
         TOKENIZERS, "first_end_of_text"),
-    bug("outsider-compress-counts-the-inputs-bytes", "compress.py",
+    bug("outsider-compress-counts-the-inputs-bytes", "language/compress.py",
         "size += int(sizes[windows[:, 1:][scored].cpu()].sum())",
         "size += int(sizes[windows[:, :-1][scored].cpu()].sum())",
         TOKENIZERS, "compress_divides"),
@@ -148,35 +148,35 @@ MUTATIONS = [
         'if tokenizer.kind == "bytes":\n        return ".u8"',
         'if tokenizer.vocab_size <= 256:\n        return ".u8"',
         TOKENIZERS, "byte_tokenizer_json"),
-    bug("outsider-float-causal-masks-read-as-weights", "gpt2_format.py",
+    bug("outsider-float-causal-masks-read-as-weights", "language/gpt2_format.py",
         'if parts[-2:] in (["attn", "bias"], ["attn", "masked_bias"]):', "if False:",
         GPT2, "old_saves"),
-    bug("outsider-untied-head-loaded-over-the-embedding", "gpt2_format.py",
+    bug("outsider-untied-head-loaded-over-the-embedding", "language/gpt2_format.py",
         "if head is not None and (token is None or not torch.equal(head, token)):", "if False:",
         GPT2, "old_saves"),
-    # ---- corpus.py: JSON lines --------------------------------------------------------------
-    bug("lm-jsonl-blank-lines-read-as-documents", "corpus.py",
+    # ---- language/corpus.py: JSON lines --
+    bug("lm-jsonl-blank-lines-read-as-documents", "language/corpus.py",
         "                if line.strip():", "                if True:",
         TOKENIZERS, "jsonl_corpus"),
-    bug("lm-jsonl-field-name-ignored", "corpus.py",
+    bug("lm-jsonl-field-name-ignored", "language/corpus.py",
         "text = record.get(field) if isinstance(record, dict) else None",
         'text = record.get("text") if isinstance(record, dict) else None',
         TOKENIZERS, "jsonl_corpus"),
-    # ---- gpt2_format.py: GPT-2 folders in and out ------------------------------------------
-    bug("lm-gpt2-mlp-projection-not-transposed", "gpt2_format.py",
+    # ---- language/gpt2_format.py: GPT-2 folders in and out --
+    bug("lm-gpt2-mlp-projection-not-transposed", "language/gpt2_format.py",
         'TRANSPOSED = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")',
         'TRANSPOSED = ("attn.c_attn", "attn.c_proj", "mlp.c_fc")',
         GPT2, "logits_and_greedy"),
-    bug("lm-gpt2-gelu-taken-as-exact", "gpt2_format.py",
+    bug("lm-gpt2-gelu-taken-as-exact", "language/gpt2_format.py",
         '"gelu_new": "gelu-tanh",', '"gelu_new": "gelu",',
         GPT2, "logits_and_greedy"),
-    bug("lm-gpt2-norms-swapped", "gpt2_format.py",
+    bug("lm-gpt2-norms-swapped", "language/gpt2_format.py",
         '"ln_1": "norm1",', '"ln_1": "norm2",',
         GPT2, "logits_and_greedy"),
-    bug("lm-exported-head-untied", "gpt2_format.py",
+    bug("lm-exported-head-untied", "language/gpt2_format.py",
         '"tie_word_embeddings": True,', '"tie_word_embeddings": False,',
         GPT2, "exported_checkpoint"),
-    bug("lm-export-replaces-an-existing-folder", "gpt2_format.py",
+    bug("lm-export-replaces-an-existing-folder", "language/gpt2_format.py",
         "    if out.exists():\n        raise", "    if False:\n        raise",
         GPT2, "refuses_rotary"),
     bug("lm-init-from-weights-never-loaded", "train.py",
@@ -193,22 +193,22 @@ MUTATIONS = [
         "return 6 * weights + 12 * len(self.blocks) * width * self.seq_len",
         "return 6 * weights",
         TESTS, "flops_per_token"),
-    # ---- text.py: windows, the split, the token file, bits per byte, the baseline ----------
-    bug("lm-targets-are-the-inputs", "text.py",
+    # ---- language/text.py: windows, the split, the token file, bits per byte, the baseline --
+    bug("lm-targets-are-the-inputs", "language/text.py",
         "return window[:-1], window[1:]", "return window[:-1], window[:-1]",
         TESTS, "windows_pair"),
-    bug("lm-validation-from-the-head", "text.py",
+    bug("lm-validation-from-the-head", "language/text.py",
         "train, val = tokens[: len(tokens) - num_val], tokens[len(tokens) - num_val :]",
         "val, train = tokens[:num_val], tokens[num_val:]",
         TESTS, "windows_pair"),
-    bug("lm-token-file-rebuilt-every-run", "text.py",
+    bug("lm-token-file-rebuilt-every-run", "language/text.py",
         "    if target.is_file():\n        return target", "    if False:\n        return target",
         TESTS, "built_once"),
-    bug("lm-bits-per-byte-left-in-nats", "text.py",
+    bug("lm-bits-per-byte-left-in-nats", "language/text.py",
         'values = {f"{prefix}bpb": record["loss"] / math.log(2) / per_token}',
         'values = {f"{prefix}bpb": record["loss"] / per_token}',
         TESTS, "metrics_hold_bits"),
-    bug("lm-bigram-baseline-unsmoothed", "text.py",
+    bug("lm-bigram-baseline-unsmoothed", "language/text.py",
         "(counts.double() + 1).log()", "(counts.double() + 1e-9).log()",
         TESTS, "bigram"),
     # ---- generate.py: greedy, top-k, the context window -------------------------------------
@@ -251,21 +251,21 @@ MUTATIONS = [
         "base ** (-pairs / head_dim)", "base ** (-pairs[:1] / head_dim)",
         TESTS, "rope_turns"),
     # A fourth outside reader's, on step budgets (missed at first; 10 of 12 caught then).
-    bug("outsider-max-tokens-count-windows-of-seq-len-plus-one", "text.py",
+    bug("outsider-max-tokens-count-windows-of-seq-len-plus-one", "language/text.py",
         "math.ceil((tokens or 0) / (batch * config.model.seq_len))",
         "math.ceil((tokens or 0) / (batch * (config.model.seq_len + 1)))",
         "test_lm_training.py", "max_tokens_counts"),
-    bug("outsider-a-step-checkpoint-on-the-budgets-last-step", "step_checkpoints.py",
+    bug("outsider-a-step-checkpoint-on-the-budgets-last-step", "checkpointing/steps.py",
         "or run.global_step >= run.total_steps:", "or run.global_step > run.total_steps:",
         "test_lm_training.py", "budgets_last_step"),
-    bug("lm-old-checkpoints-taken-as-rope", "checkpoint.py",
+    bug("lm-old-checkpoints-taken-as-rope", "checkpointing/checkpoint.py",
         'BEFORE_THE_SETTING = {\n    "position": "learned",\n', "BEFORE_THE_SETTING = {\n",
         "test_lm_training.py", "old_one_is_learned"),
     # ---- best.pt by bits per byte (issue 37) ------------------------------------------------
-    bug("lm-best-by-next-byte-accuracy", "text.py",
+    bug("lm-best-by-next-byte-accuracy", "language/text.py",
         'best_by = ("val_bpb", False)', 'best_by = ("val_acc", True)',
         "test_lm_training.py", "lowest_validation"),
-    bug("lm-best-from-a-non-finite-figure", "loop.py",
+    bug("lm-best-from-a-non-finite-figure", "training/loop.py",
         "    if not math.isfinite(value):\n        return False",
         "    if False:\n        return False",
         "test_lm_training.py", "lowest_validation"),
@@ -277,16 +277,16 @@ MUTATIONS = [
         "masked_fill(torch.zeros_like(after).scatter(0, order, after),",
         "masked_fill(after[order],",
         "test_generate.py", "top_p"),
-    bug("outsider-an-equal-figure-rewrites-best", "loop.py",
+    bug("outsider-an-equal-figure-rewrites-best", "training/loop.py",
         "not (value > run.best if higher else value < run.best)",
         "not (value >= run.best if higher else value <= run.best)",
         "test_lm_training.py", "lowest_validation"),
-    bug("outsider-only-best-val-acc-checked-on-resume", "checkpoint.py",
+    bug("outsider-only-best-val-acc-checked-on-resume", "checkpointing/checkpoint.py",
         'for key in [key for key in state if str(key).startswith("best_val_")]:',
         'for key in [key for key in state if key == "best_val_acc"]:',
         "test_lm_training.py", "bad_best"),
     # ---- a second outside reader's bugs (not seen the tests) that the fast suite missed ----
-    bug("outsider-compress-rescores-first-window-of-each-batch", "compress.py",
+    bug("outsider-compress-rescores-first-window-of-each-batch", "language/compress.py",
         "scored[batch == 0] = True", "scored[0] = True",
         TESTS, "any_stride_by_hand"),
     bug("outsider-eval-text-windows-skip-a-byte", "evaluate.py",
@@ -294,7 +294,7 @@ MUTATIONS = [
         "starts = torch.arange(0, len(tokens) - 1, span + 1)",
         "test_evaluate_text.py", "whole_windows"),
     # ---- step checkpoints in the LM render (issue 36) --------------------------------------
-    bug("lm-save-every-never-saves-mid-epoch", "step_checkpoints.py",
+    bug("lm-save-every-never-saves-mid-epoch", "checkpointing/steps.py",
         "if step_in_epoch + 1 >= run.steps_per_epoch or run.global_step >= run.total_steps:",
         "if True:",
         "test_step_checkpoints.py", "sigkill or keep_last_keeps"),
@@ -305,11 +305,11 @@ MUTATIONS = [
         "result = bits_per_byte(model, dataset, device, args.batch_size, precision, tokenizer)",
         "result = bits_per_byte(model, dataset, device, args.batch_size, tokenizer=tokenizer)",
         "test_evaluate_text.py", "validation_bits_per_byte"),
-    # ---- compress.py: each byte scored once, for any stride (issue 36's outside review) ----
-    bug("lm-compress-scores-the-wrong-tail-off-half-stride", "compress.py",
+    # ---- language/compress.py: each byte scored once, for any stride (issue 36's outside review) -
+    bug("lm-compress-scores-the-wrong-tail-off-half-stride", "language/compress.py",
         "scored[:, seq_len - stride :] = True", "scored[:, stride:] = True",
         TESTS, "any_stride_by_hand"),
-    bug("lm-compress-drops-the-first-window-s-head", "compress.py",
+    bug("lm-compress-drops-the-first-window-s-head", "language/compress.py",
         "            scored[batch == 0] = True", "            pass",
         TESTS, "any_stride_by_hand"),
     # ---- hostile inputs (issue 53) ----------------------------------------------------------
@@ -327,7 +327,7 @@ MUTATIONS = [
     bug("lm-prepare-bpe-sample-mb-never-counted-down", "prepare.py",
         "                left -= len(document)\n", "",
         TOKENIZERS, "prepare_s_bpe"),
-    bug("lm-epoch-offset-under-two-ranks-mixes-two-epochs", "data_sources.py",
+    bug("lm-epoch-offset-under-two-ranks-mixes-two-epochs", "training/data_sources.py",
         "offset = self.epoch * len(self.dataset)", "offset = self.epoch * self.num_samples",
         "test_lm_training.py", "two_ranks_together"),
 ]  # fmt: skip
@@ -350,10 +350,10 @@ def outcomes(
 def test_every_lm_only_module_has_mutations(rendered_project: Path) -> None:
     assert (rendered_project / "tests" / TESTS).is_file()
     assert len({mutation.name for mutation in MUTATIONS}) == len(MUTATIONS)
-    modules = {"model.py", "text.py", "generate.py", "compress.py"}
-    modules |= {"tokenizer.py", "gpt2_format.py", "corpus.py"}
+    modules = {"model.py", "language/text.py", "generate.py", "language/compress.py"}
+    modules |= {"language/tokenizer.py", "language/gpt2_format.py", "language/corpus.py"}
     assert {mutation.module for mutation in MUTATIONS} >= modules
-    assert (rendered_project / "src" / PACKAGE / "text.py").is_file()
+    assert (rendered_project / "src" / PACKAGE / "language/text.py").is_file()
 
 
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=[m.name for m in MUTATIONS])

@@ -5,8 +5,8 @@ config.py, extensions.py), adds a ResNet chosen by `--model resnet` with its own
 `--width-mult`, label-smoothed cross-entropy, SGD with Nesterov momentum and no weight decay on
 norms and biases, the step schedule, an EMA used for validation, and a training metric. The
 project trains; a run stopped mid-epoch and resumed ends bitwise where an uninterrupted one
-does, EMA included; and `copier update` to a release that changes loop.py, train.py and
-config_base.py merges with no conflict.
+does, EMA included; and `copier update` to a release that changes training/loop.py, train.py and
+settings/base.py merges with no conflict.
 """
 
 from __future__ import annotations
@@ -229,17 +229,17 @@ def test_a_project_made_yours_in_your_files_trains_resumes_and_updates_cleanly(t
 
     # The next release reshapes the template's loop, train() and a default.
     pkg = "template/src/{{ package_name }}"
-    edit(template / pkg / "loop.py", r"^    run\.global_step \+= 1\n",
+    edit(template / pkg / "training/loop.py", r"^    run\.global_step \+= 1\n",
          "    run.global_step += 1  # counted once the update is applied\n")  # fmt: skip
     edit(template / pkg / "train.py.jinja", r"^(def build_run\()", "# Built once per run.\n\\1")
-    edit(template / pkg / "config_base.py.jinja", r"default=50, metadata",
+    edit(template / pkg / "settings/base.py.jinja", r"default=50, metadata",
          "default=40, metadata")  # fmt: skip
     commit_all(template, "release 1.1.0")
     git(template, "tag", "v1.1.0")
     update(project)
     assert conflict_markers(project) == []
     assert not list(project.rglob("*.rej"))
-    assert "counted once" in (project / "src" / PACKAGE / "loop.py").read_text()
+    assert "counted once" in (project / "src" / PACKAGE / "training/loop.py").read_text()
     assert "@slots.model(" in (project / "src" / PACKAGE / "model.py").read_text()
     # And it still trains as ours.
     quick = [*args, "--epochs", "1", "--max-steps-per-epoch", "1", "--run-dir", "after"]

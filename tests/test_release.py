@@ -74,7 +74,13 @@ def gone_since(revision: str) -> list[str]:
     """Template files of `revision` that the working tree renamed or deleted."""
     result = _git("diff", "--name-status", "-M", "--diff-filter=DR", revision, "--", "template/")
     assert result.returncode == 0, result.stderr
-    return sorted(line.split("\t")[1] for line in result.stdout.splitlines() if line.strip())
+    gone = []
+    for line in result.stdout.splitlines():
+        status, old, *new = line.split("\t")
+        if new and rendered_name(old) == rendered_name(new[0]):
+            continue  # only the template's file name changed (a `.jinja` suffix dropped)
+        gone.append(old)
+    return sorted(gone)
 
 
 def missing_from_notes(names: list[str], notes: str) -> list[str]:
@@ -93,9 +99,12 @@ def interface_names(sources: dict[str, str]) -> dict[str, set[str]]:
         if Path(filename).stem in USER_MODULES or not filename.endswith(".py"):
             continue
         tree = ast.parse(text)
+        parts = Path(filename).parts
+        depth = len(parts) - (parts[0] in TASKS)  # "image/training/task.py" imports `..model`
         aliases: dict[str, str] = {}
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
+            # a module in a sub-package reaches the user's files one level further up
+            if isinstance(node, ast.ImportFrom) and node.level == depth:
                 if node.module in USER_MODULES:
                     used[node.module] |= {alias.name for alias in node.names}
                 elif node.module is None:
@@ -144,9 +153,10 @@ def rendered_sources(files: dict[str, str]) -> dict[str, str]:
     for task in TASKS:
         for name, text in files.items():
             if name.endswith(".jinja"):
-                name = env.from_string(name.removesuffix(".jinja")).render(task=task)
+                name = name.removesuffix(".jinja")
                 text = env.from_string(text).render(task=task, **answers)
-            if name.endswith(".py"):
+            name = env.from_string(name).render(task=task)  # a file or folder named per task
+            if name.endswith(".py") and "" not in name.split("/"):
                 sources[f"{task}/{name}"] = text
     return sources
 
@@ -160,13 +170,13 @@ def sources_at(revision: str | None) -> dict[str, str]:
             {
                 str(p.relative_to(base)): p.read_text()
                 for p in sorted(base.rglob("*"))
-                if p.name.endswith((".py", ".jinja")) and "__pycache__" not in p.parts
+                if ".py" in p.name and p.is_file() and "__pycache__" not in p.parts
             }
         )
     listed = _git("ls-tree", "-r", "--name-only", revision, "--", PACKAGE_DIR + "/")
     files = {}
     for path in listed.stdout.splitlines():
-        if path.endswith((".py", ".jinja")):
+        if ".py" in path.rpartition("/")[2]:
             files[path.removeprefix(PACKAGE_DIR + "/")] = _git("show", f"{revision}:{path}").stdout
     return rendered_sources(files)
 
@@ -290,26 +300,27 @@ def test_the_release_checks_see_renames_calls_and_notes(tmp_path):
             "m.build_model_for(1, 2)\ngetattr(m, 'extra', None)\n"
             "slots.user_attr('extensions', 'hook')\n",
             "model.py": "from .config import Config\n",
+            "lm/training/loop.py": "from ..extensions import later\nfrom .extensions import no\n",
         }
     )
     assert used == {
         "model": {"build_model_for", "extra"},
         "data": {"build_datasets"},
         "config": set(),
-        "extensions": {"hook"},
+        "extensions": {"hook", "later"},
     }
 
 
 def test_the_users_files_hold_no_template_code_a_release_would_change() -> None:
-    """A release that adds a config field, changes a default, or adds a data source or a metric
-    must change only template-owned files (config_base.py, data_sources.py, task.py), so that
-    it never conflicts with a user's edits: config.py's `Config` declares only the groups (the
-    lines where a user passes other defaults), data.py only `SOURCES` and `build_datasets`,
-    extensions.py only `extra_metrics`; none of them depends on an answer but `task`, which
-    a project keeps for life (a language model's data.py has no `build_datasets`: its corpus
-    is the template's text.py)."""
+    """A release that adds a config field, changes a default, or adds a data source or a metric must
+    change only template-owned files (settings/base.py, training/data_sources.py, training/task.py),
+    so that it never conflicts with a user's edits: config.py's `Config` declares only the groups
+    (the lines where a user passes other defaults), data.py only `SOURCES` and `build_datasets`,
+    extensions.py only `extra_metrics`; none of them depends on an answer but `task`, which a
+    project keeps for life (a language model's data.py has no `build_datasets`: its corpus is the
+    template's language/text.py)."""
     base = ROOT / PACKAGE_DIR
-    files = {"config": "config.py.jinja", "data": "data.py.jinja", "extensions": "extensions.py"}
+    files = {"config": "config.py", "data": "data.py.jinja", "extensions": "extensions.py"}
     for name in files.values():
         text = re.sub(r"\{%-? (if task [^%]*|else|endif) -?%\}", "", (base / name).read_text())
         assert "{{" not in text and "{%" not in text, f"{name} depends on an answer but task"

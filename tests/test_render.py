@@ -61,10 +61,11 @@ def test_no_jinja_left_in_any_file(rendered, name):
 
 # The modules only one task's project holds (issue 35: a render holds only its own task's).
 TASK_MODULES = {
-    "image": {"images.py", "finetune.py", "example_data.py", "trained.py", "predict.py",
-              "trivial_augment.py", "hub_models.py", "decode.py"},
-    "lm": {"text.py", "generate.py", "compress.py", "lm_grid.py", "tokenizer.py",
-           "gpt2_format.py", "corpus.py"},
+    "image": {"vision/images.py", "vision/finetune.py", "vision/example_data.py", "predict.py",
+              "vision/trained.py", "vision/trivial_augment.py", "vision/hub_models.py",
+              "vision/decode.py"},
+    "lm": {"language/text.py", "generate.py", "language/compress.py", "language/grid.py",
+           "language/tokenizer.py", "language/gpt2_format.py", "language/corpus.py"},
 }  # fmt: skip
 
 
@@ -72,7 +73,7 @@ TASK_MODULES = {
 def test_a_render_holds_only_its_own_task_s_modules(rendered, name):
     task = MATRIX[name].get("task", "image")
     (package,) = (rendered[name] / "src").glob("*/__init__.py")
-    modules = {path.name for path in package.parent.rglob("*.py")}
+    modules = {path.relative_to(package.parent).as_posix() for path in package.parent.rglob("*.py")}
     other = "lm" if task == "image" else "image"
     assert TASK_MODULES[task] <= modules and not TASK_MODULES[other] & modules
     sources = " ".join(path.read_text() for path in package.parent.rglob("*.py"))
@@ -128,7 +129,7 @@ def test_tracker_packages_come_only_through_their_extras(rendered, name):
     assert extras["tensorboard"][0].startswith("tensorboard")
     assert extras["mlflow"][0].startswith("mlflow-skinny")
     assert extras["wandb"][0].startswith("wandb")
-    config = (project / "src" / package_name(MATRIX[name]) / "config_base.py").read_text()
+    config = (project / "src" / package_name(MATRIX[name]) / "settings/base.py").read_text()
     assert f'default="{tracker}"' in config  # the answer is --tracker's default
     install = '".[test]"' if tracker == "none" else f'".[test,{tracker}]"'
     assert f"pip install -e {install}" in (project / "docs" / "template.md").read_text()
@@ -230,7 +231,7 @@ def imported_modules(module: str, tree: ast.Module, modules: set[str], package: 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_package_import_graph_has_no_cycle(rendered, name):
-    """config.py imports config_parsing.py, never the reverse (issue 27), and so on for every
+    """config.py imports settings/parsing.py, never the reverse (issue 27), and so on for every
     pair: a module can be read, and imported, before the modules that build on it."""
     project = rendered[name]
     trees = package_modules(project, name)

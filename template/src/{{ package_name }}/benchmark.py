@@ -10,7 +10,7 @@ import sys
 
 from .benchmarks.cli import SCHEMA_VERSION, SECTIONS, main
 from .benchmarks.report import write_chart
-from .mfu import peak_tflops
+from .observability.mfu import peak_tflops
 
 __all__ = ["SCHEMA_VERSION", "SECTIONS", "main", "peak_tflops", "write_chart"]
 

@@ -1,6 +1,7 @@
 """Your additions to the template's training loop, called at fixed points. This file is yours.
 
-A template release never rewrites it, and the template's code (task.py, loop.py) calls each
+A template release never rewrites it, and the template's code (training/task.py, training/loop.py)
+calls each
 function here where it says, so you add a metric without editing `evaluate()` and your change
 never conflicts with the template's.
 """

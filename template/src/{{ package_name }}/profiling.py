@@ -31,9 +31,11 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from . import exits, utils
-from .config import Config, build_parser, parse_config
-from .task import task_for
+from . import utils
+from .config import Config
+from .runtime import accelerator, exits
+from .settings.parsing import build_parser, parse_config
+from .training.task import task_for
 
 # "sync" is the step's one host sync (the finite-loss check): on a GPU it absorbs the wait
 # for the queued forward and backward kernels, so it gets its own label, next to the others.
@@ -113,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 def _profile(argv: list[str] | None) -> int:
     parser = build_parser("Profile a few steps of the training loop with torch.profiler.")
     add_arguments(parser)
-    config, args = parse_config(argv, parser=parser)
+    config, args = parse_config(argv, None, parser, cls=Config)
     for name in ("profile_wait", "profile_warmup"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
@@ -121,7 +123,7 @@ def _profile(argv: list[str] | None) -> int:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     try:
-        device = utils.resolve_device(config.run.device)
+        device = accelerator.resolve_device(config.run.device)
     except ValueError as error:
         parser.error(str(error))
     out: Path = args.out

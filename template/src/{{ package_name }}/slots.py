@@ -29,7 +29,7 @@ extensions.py trains exactly as the template does. The slots, in extensions.py:
         return {"top5": (logits.topk(5, 1).indices == targets[:, None]).any(1).sum()}
 
     @slots.callback("after_step")    # after_step, after_validation, before_save, after_resume
-    def note(run):                   #   each gets the loop's `Run` (loop.py)
+    def note(run):                   #   each gets the loop's `Run` (training/loop.py)
         ...
 
     @slots.state("my_counter")       # (run) -> an object with state_dict()/load_state_dict():
@@ -48,12 +48,13 @@ yours, config.py's `Config`, so they are flags and TOML keys):
         return ResNet(info.in_channels, info.num_classes, depth=config.resnet.depth)
 
 The template's own options are built on the same slots (the EMA of the weights, `--ema-decay`,
-and the schedules of `--lr-schedule`), in ema.py and schedules.py.
+and the schedules of `--lr-schedule`), in training/ema.py and training/schedules.py.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,6 +68,8 @@ POINTS = ("after_step", "after_validation", "before_save", "after_resume")
 # The user's files the template reads registrations from, and only through this module:
 # config.py's `Config` is read by every module (it is the settings), these only here.
 USER_MODULES = ("model", "extensions", "data")
+# The template's own registrations: EMA, the schedules, and (image projects) the hub's models.
+TEMPLATE_MODULES = ("training.ema", "training.schedules", "vision.hub_models")
 
 
 class Stateful(Protocol):
@@ -191,7 +194,11 @@ def load() -> Registry:
     global _loaded
     if not _loaded:
         _loaded = True
-        for name in ("ema", "schedules", "hub_models", *USER_MODULES):  # hub_models: images
+        for name in TEMPLATE_MODULES:
+            if importlib.util.find_spec(f"{__package__}.{name.partition('.')[0]}") is None:
+                continue  # the other task's folder: a project holds only its own task's
+            importlib.import_module(f"{__package__}.{name}")
+        for name in USER_MODULES:
             module = f"{__package__}.{name}"
             try:
                 importlib.import_module(module)

@@ -39,15 +39,16 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from . import exits, files
-from .checkpoint import CheckpointError
-from .config import Config, ConfigError, load_toml, to_toml
-from .config_parsing import leaf_fields, read_toml
-from .data_sources import DataError
-from .resume_choice import resolve_resume
-from .stopping import Interrupted
-from .task import task_for
+from .checkpointing.checkpoint import CheckpointError
+from .checkpointing.resume import resolve_resume
+from .config import Config
+from .runtime import exits, files
+from .runtime.stopping import Interrupted
+from .settings.base import ConfigError
+from .settings.parsing import leaf_fields, load_toml, read_toml, to_toml
 from .train import train
+from .training.data_sources import DataError
+from .training.task import task_for
 
 # val_bpb (validation bits per byte) is reported by the language model only.
 DIRECTIONS: dict[str, Any] = {"val_acc": "maximize", "val_loss": "minimize", "val_bpb": "minimize"}
@@ -353,9 +354,9 @@ def write_best(spec: Spec, trial: Any, path: Path) -> None:
         f"# Best trial {trial.number} of study {spec.study!r}: {spec.metric} = {trial.value}",
         f"# python -m {__package__}.train --config {path} --run-dir runs/best",
     ]
-    files.write_atomically(path, "\n".join(lines) + "\n" + to_toml(values), "--out")
+    files.write_atomically(path, "\n".join(lines) + "\n" + to_toml(values, Config), "--out")
     # What train --config will do: fail here, not later.
-    Config.from_flat(load_toml(path), f"{path}: ").validate()
+    Config.from_flat(load_toml(path, Config), f"{path}: ").validate()
 
 
 def plot(study: Any, path: Path) -> str:

@@ -35,11 +35,14 @@ from typing import Any
 
 import torch
 
-from . import exits, files, utils
+from . import utils
 from .benchmarks.timing import compare_rounds
-from .config import Config, ConfigError, build_parser, parse_config, to_toml
-from .stopping import Interrupted, Stopped
-from .task import resolve_precision, task_for
+from .config import Config
+from .runtime import accelerator, exits, files
+from .runtime.stopping import Interrupted, Stopped
+from .settings.base import ConfigError
+from .settings.parsing import build_parser, parse_config, to_toml
+from .training.task import resolve_precision, task_for
 
 # The settings tune chooses: what `tuned.toml` holds.
 TUNED = ("precision", "channels_last", "tf32", "compile", "compile_mode", "num_workers")
@@ -54,10 +57,10 @@ def time_steps(config: Config, steps: int, warmup: int) -> list[float]:
     from .train import train
 
     stamps: list[float] = []
-    device = utils.resolve_device(config.run.device)
+    device = accelerator.resolve_device(config.run.device)
 
     def on_step(step: int) -> None:
-        utils.synchronize(device)
+        accelerator.synchronize(device)
         stamps.append(time.perf_counter())
         if step >= warmup + steps:
             raise _TrialDone
@@ -173,7 +176,7 @@ def precision_candidates(config: Config, device: torch.device) -> list[Trial]:
 
 def layout_candidates(config: Config, info: Any) -> list[Trial]:
     """Channels-last or not, for a model with 4-D weights (convolutions); else nothing."""
-    from .task import build_model_for
+    from .training.task import build_model_for
 
     with torch.device("meta"):  # the shapes alone: no memory, no initialisation
         model = build_model_for(config.replace(channels_last=False), info)
@@ -284,7 +287,7 @@ def write_toml(
             lines.append(f"#   {name:<10} {trial.label:<32} {rate:<20} {trial.note}".rstrip())
     lines += [f"# {line}" for line in extra]
     tuned = {k: config.flat()[k] for k in TUNED}
-    files.write_atomically(path, "\n".join(lines) + "\n" + to_toml(tuned), "--out")
+    files.write_atomically(path, "\n".join(lines) + "\n" + to_toml(tuned, Config), "--out")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -315,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
 def _tune(argv: list[str] | None) -> int:
     parser = build_parser("Measure settings on this machine and write the fastest to a TOML file.")
     add_arguments(parser)
-    config, args = parse_config(argv, parser=parser)
+    config, args = parse_config(argv, None, parser, cls=Config)
     steps = getattr(args, "steps", 4 if args.quick else 20)
     rounds = getattr(args, "rounds", 2 if args.quick else 3)
     if steps < 2:
@@ -326,7 +329,7 @@ def _tune(argv: list[str] | None) -> int:
         parser.error(f"--out {args.out}: {args.out.parent} must be an existing folder; create it")
     files.check_output(args.out, "--out")  # unwritable, a FIFO, ...: one line, exit 2
     try:
-        device = utils.resolve_device(config.run.device)
+        device = accelerator.resolve_device(config.run.device)
         config = resolve_precision(config, device, print)  # tune from what auto picks
         _, _, info = task_for(config).datasets(config)  # a language model reads text
     except ValueError as error:

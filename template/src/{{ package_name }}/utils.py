@@ -9,8 +9,8 @@
 6. Evaluation without autograd    evaluation_mode
 7. Gradient clipping              clip_gradients
 
-Plus the small pieces the training loop and the benchmarks share: device selection,
-mixed precision, and device synchronisation for honest timing.
+Nothing else lives here: device selection, mixed precision and synchronisation for timing
+are in runtime/accelerator.py.
 
 This file belongs to the template: `copier update` keeps improving it. Put project-specific
 code in your own modules rather than editing it, so updates apply cleanly.
@@ -40,13 +40,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .stopping import STOP_SIGNALS, stops_between_batches
+from .runtime.stopping import STOP_SIGNALS, stops_between_batches
 
 __all__ = [
     "NonFiniteLossError",
     "anomaly_detection",
     "auto_num_workers",
-    "autocast",
     "available_cpus",
     "build_dataloader",
     "cache_dir",
@@ -55,15 +54,11 @@ __all__ = [
     "close_workers",
     "diagnose_nonfinite",
     "evaluation_mode",
-    "make_grad_scaler",
     "maybe_compile",
-    "resolve_device",
     "resolve_num_workers",
     "seed_everything",
     "seed_worker",
     "set_deterministic",
-    "set_tf32",
-    "synchronize",
     "to_device",
     "tune_num_workers",
     "unwrap_model",
@@ -288,7 +283,7 @@ def _forward_origin(caught: Sequence[warnings.WarningMessage]) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# 3. DataLoader workers, 4. pin_memory + non_blocking
+# 3. DataLoader workers (build_dataloader also pins, technique 4)
 # --------------------------------------------------------------------------------------------
 
 
@@ -327,12 +322,6 @@ def resolve_num_workers(
     if isinstance(requested, bool) or not isinstance(requested, int) or requested < 0:
         raise ValueError(f"num_workers must be a non-negative integer or 'auto', got {requested!r}")
     return requested
-
-
-def _pin_memory_for(device: torch.device | str | None) -> bool:
-    if device is None:
-        return torch.cuda.is_available()
-    return torch.device(device).type in ("cuda", "xpu")
 
 
 def build_dataloader(
@@ -597,6 +586,17 @@ def _batch_len(batch: Any) -> int:
     raise TypeError(f"cannot tell the size of a batch of type {type(batch).__name__}")
 
 
+# --------------------------------------------------------------------------------------------
+# 4. pin_memory + non_blocking
+# --------------------------------------------------------------------------------------------
+
+
+def _pin_memory_for(device: torch.device | str | None) -> bool:
+    if device is None:
+        return torch.cuda.is_available()
+    return torch.device(device).type in ("cuda", "xpu")
+
+
 def to_device(batch: Any, device: torch.device | str) -> Any:
     """Move every tensor in a (nested) tuple, list or dict to `device`, keeping the structure.
 
@@ -740,96 +740,3 @@ def clip_gradients(
     # tensor every rank holds is the one to combine with losses and to log.
     full_tensor = getattr(norm, "full_tensor", None)
     return full_tensor() if full_tensor is not None else norm
-
-
-# --------------------------------------------------------------------------------------------
-# Devices, mixed precision and timing
-# --------------------------------------------------------------------------------------------
-
-
-def resolve_device(name: str = "auto") -> torch.device:
-    """Map `--device` (auto, cpu, cuda, cuda:N, mps) to a device, failing clearly if absent."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", torch.cuda.current_device())
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name} was requested but no CUDA device is visible")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise ValueError(
-            f"--device {name} was requested but {torch.cuda.device_count()} CUDA device(s) "
-            f"are visible (cuda:0 to cuda:{torch.cuda.device_count() - 1})"
-        )
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"--device {name} was requested but MPS is not available")
-    available = getattr(getattr(torch, device.type, None), "is_available", None)  # torch.xpu
-    if device.type not in ("cpu", "cuda", "mps") and not (available and available()):
-        raise ValueError(f"--device {name} was requested but this PyTorch build cannot use it")
-    return device
-
-
-PRECISIONS = ("fp32", "bf16", "fp16")
-
-
-def _check_precision(precision: str) -> None:
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-
-
-def autocast(device: torch.device | str, precision: str) -> contextlib.AbstractContextManager[Any]:
-    """Autocast context for `precision`: bf16 (CPU or modern GPUs), fp16, or nothing (fp32).
-
-    Matmuls and convolutions run in the low-precision dtype; reductions and losses stay in
-    fp32, which is why autocast is used instead of casting the model with `.half()`.
-    """
-    _check_precision(precision)
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
-
-
-def make_grad_scaler(
-    device: torch.device | str, precision: str, *, init_scale: float = 2.0**16
-) -> torch.amp.GradScaler:
-    """A GradScaler that is enabled only for fp16, where small gradients would underflow.
-
-    bf16 has fp32's exponent range, so it needs no scaling; a disabled scaler's methods are
-    no-ops, so the training loop calls them unconditionally. The default `init_scale` (65536)
-    is above fp16's largest value (65504): a loss whose gradient is ~1 per fp16 element
-    overflows on the first steps, which the scaler skips while it lowers the scale. Tests that
-    need the first step to count pass a small `init_scale`.
-    """
-    _check_precision(precision)
-    return torch.amp.GradScaler(
-        torch.device(device).type, init_scale=init_scale, enabled=precision == "fp16"
-    )
-
-
-def set_tf32(enabled: bool) -> None:
-    """Let fp32 matmuls and convolutions use TF32 tensor cores on Ampere and newer GPUs.
-
-    TF32 keeps fp32's range with a 10-bit mantissa (about 3 decimal digits) inside the
-    multiply; inputs, outputs and accumulation stay fp32. It makes fp32 matmuls several times
-    faster on Ampere or newer, and changes nothing on CPUs or older GPUs. PyTorch's own
-    defaults are IEEE fp32 for matmuls and TF32 for cuDNN convolutions; this sets both one
-    way. Through the legacy API, which (torch 2.9 to 2.13 at least) also sets the new
-    `fp32_precision` attributes consistently: writing only the new ones makes
-    `torch.get_float32_matmul_precision()` and `cudnn.allow_tf32` raise ("mix of the legacy
-    and new APIs"), and inductor's autotuner (`--compile-mode max-autotune*`) reads the first.
-    """
-    torch.set_float32_matmul_precision("high" if enabled else "highest")
-    torch.backends.cudnn.allow_tf32 = enabled
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued device work: needed before reading a timer, never inside the loop."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-    elif device.type == "xpu":
-        torch.xpu.synchronize(device)

@@ -6,7 +6,8 @@ Eleven sections, side by side in one run. Every figure is a measurement from thi
 spread (median and interquartile range from `torch.utils.benchmark`), or a ratio from
 interleaved rounds with its spread across rounds ("within noise" when that spread covers 1.0),
 or `skipped: <reason>`. Model FLOPs utilization is divided by a peak measured on this device
-(a cached matmul calibration, see `mfu.py`), and by the datasheet peak where one is known.
+(a cached matmul calibration, see `observability/mfu.py`), and by the datasheet peak where one is
+known.
 
 1. DataLoader workers on an on-disk image folder: samples/s per worker count
 2. pin_memory + non_blocking versus pageable, blocking host-to-device copies (CUDA only)

@@ -8,7 +8,7 @@ import importlib
 from typing import Any
 
 from .. import utils
-from ..task import build_datasets
+from ..training.task import build_datasets
 from .timing import (
     Context,
     Skip,
@@ -37,7 +37,9 @@ RECIPES: dict[str, dict[str, Any]] = {  # images.Recipe's arguments; None: no au
 def section_augmentation(ctx: Context) -> dict[str, Any]:
     if ctx.task.name != "image":
         raise Skip(f"augmentation is for images; the {ctx.task.name} task reads token windows")
-    images = importlib.import_module(f"{__package__.rpartition('.')[0]}.images")  # images only
+    images = importlib.import_module(
+        f"{__package__.rpartition('.')[0]}.vision.images"
+    )  # images only
 
     config = ctx.config
     workers = worker_count(config.data.num_workers)

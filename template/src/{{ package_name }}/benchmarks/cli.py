@@ -13,9 +13,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from .. import exits, utils
-from ..config import build_parser, parse_config
-from ..task import (  # build_model_for: one line if model.py lacks it
+from .. import utils
+from ..config import Config
+from ..runtime import accelerator, exits
+from ..settings.parsing import build_parser, parse_config
+from ..training.task import (  # build_model_for: one line if model.py lacks it
     build_model_for,
     resolve_precision,
     task_for,
@@ -141,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 def _benchmark(argv: list[str] | None) -> int:
     parser = build_parser("Measure what each technique buys on this machine.")
     add_arguments(parser)
-    config, args = parse_config(argv, parser=parser)
+    config, args = parse_config(argv, None, parser, cls=Config)
     selected = parse_sections(args.sections, parser)
     args.min_run_time = getattr(args, "min_run_time", None)
     args.loop_steps = getattr(args, "loop_steps", None)
@@ -150,7 +152,7 @@ def _benchmark(argv: list[str] | None) -> int:
     if args.loop_steps is not None and args.loop_steps < 2:
         parser.error(f"--loop-steps must be >= 2, got {args.loop_steps}")
     try:
-        device = utils.resolve_device(config.run.device)
+        device = accelerator.resolve_device(config.run.device)
     except ValueError as error:
         parser.error(str(error))
     config = resolve_precision(config, device, print)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from .. import utils
+from ..runtime import accelerator
 from .timing import (
     Context,
     Skip,
@@ -40,10 +41,10 @@ def section_compile(ctx: Context) -> dict[str, Any]:
     inputs, targets = device_batch(ctx)
 
     def first_call(step: Callable[..., Any]) -> float:
-        utils.synchronize(ctx.device)
+        accelerator.synchronize(ctx.device)
         start = time.perf_counter()
         step(inputs, targets)
-        utils.synchronize(ctx.device)
+        accelerator.synchronize(ctx.device)
         return time.perf_counter() - start
 
     eager_step = make_step(fresh_model(ctx), ctx)

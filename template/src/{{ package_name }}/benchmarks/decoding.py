@@ -1,5 +1,5 @@
 """12. Decoding JPEGs to 224-pixel training images: the template's reader (the crop taken while
-resampling the file's pixels, a reduced JPEG decode where it keeps the resolution: decode.py)
+resampling the file's pixels, a reduced JPEG decode where it keeps the resolution: vision/decode.py)
 against the loader a user would write, `Image.open(path).convert("RGB").resize((224, 224))`,
 in images/s through the same DataLoader workers, in interleaved rounds (an image task only)."""
 
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from ..task import build_datasets
+from ..training.task import build_datasets
 from .augmentation import worker_count
 from .timing import (
     Context,
@@ -97,7 +97,9 @@ def write_photos(root: Path, count: int, seed: int = 0) -> list[Path]:
 def section_decoding(ctx: Context) -> dict[str, Any]:
     if ctx.task.name != "image":
         raise Skip(f"JPEG decoding is for images; the {ctx.task.name} task reads token windows")
-    images = importlib.import_module(f"{__package__.rpartition('.')[0]}.images")  # images only
+    images = importlib.import_module(
+        f"{__package__.rpartition('.')[0]}.vision.images"
+    )  # images only
     from PIL import Image
 
     config = ctx.config

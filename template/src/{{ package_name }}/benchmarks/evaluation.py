@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .. import utils
+from ..runtime import accelerator
 from .timing import (
     Context,
     compare,
@@ -31,11 +31,11 @@ def peak_memory(fn: Callable[[], Any], device: torch.device) -> dict[str, Any]:
     keeps alive afterwards: with autograd on, that is the graph's saved activations.
     """
     if device.type == "cuda":
-        utils.synchronize(device)
+        accelerator.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
         result = fn()
-        utils.synchronize(device)
+        accelerator.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) - base
         held = torch.cuda.memory_allocated(device) - base
         del result
@@ -69,7 +69,7 @@ def section_evaluation(ctx: Context) -> dict[str, Any]:
 
     def forward_under(mode: Callable[[], Any]) -> Callable[[], Any]:
         def run() -> torch.Tensor:
-            with mode(), utils.autocast(ctx.device, ctx.config.speed.precision):
+            with mode(), accelerator.autocast(ctx.device, ctx.config.speed.precision):
                 return model(inputs)
 
         return run

@@ -21,8 +21,9 @@ from typing import Any
 
 from .. import utils
 from ..config import Config
-from ..task import loss_function
+from ..runtime import accelerator
 from ..train import build_model_for  # model.build_model_for, or one line on what to add
+from ..training.task import loss_function
 from .timing import (
     Context,
     Skip,
@@ -122,13 +123,13 @@ def _bare_loop(ctx: Context, schedule_steps: int, workers: int) -> tuple[Callabl
     optimizer = make_optimizer(model, config, ctx.device)
     scheduler = build_scheduler(config, optimizer, schedule_steps)
     loss_fn = loss_function()  # the registered loss (slots.py), as train() uses
-    scaler = utils.make_grad_scaler(ctx.device, config.speed.precision)
+    scaler = accelerator.make_grad_scaler(ctx.device, config.speed.precision)
     batches = endless(loader)
 
     def bare_step() -> None:
         for _ in range(config.optim.grad_accum_steps):
             inputs, targets = utils.to_device(next(batches), ctx.device)
-            with utils.autocast(ctx.device, config.speed.precision):
+            with accelerator.autocast(ctx.device, config.speed.precision):
                 logits, labels = ctx.task.outputs(model, inputs, targets)
                 loss = loss_fn(logits, labels) / config.optim.grad_accum_steps
             scaler.scale(loss).backward()
@@ -140,7 +141,7 @@ def _bare_loop(ctx: Context, schedule_steps: int, workers: int) -> tuple[Callabl
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
-        utils.synchronize(ctx.device)
+        accelerator.synchronize(ctx.device)
 
     return bare_step, batches
 
@@ -161,7 +162,7 @@ def _lockstep(
     last: list[Stamp] = []
 
     def on_step(step: int) -> None:
-        utils.synchronize(ctx.device)
+        accelerator.synchronize(ctx.device)
         loop_time = since(last[0]) if last else None
         started = stamp()
         bare_step()

@@ -17,8 +17,8 @@ import shutil
 import time
 from typing import Any
 
-from .. import utils
 from ..config import Config
+from ..runtime import accelerator
 from .loop_overhead import _loop_config
 from .timing import Context, Skip, compare_rounds, fmt_bytes, fmt_ratio, fmt_timing, quartiles
 
@@ -81,7 +81,7 @@ def _step_times(ctx: Context, config: Config) -> tuple[dict[int, float], int]:
     last: list[float] = []
 
     def on_step(step: int) -> None:
-        utils.synchronize(ctx.device)
+        accelerator.synchronize(ctx.device)
         now = time.perf_counter()
         if last:
             times[step] = now - last[0]

@@ -3,7 +3,8 @@
 A language model counts tokens (every target position of a batch) instead of samples, and
 its FLOPs per token come from the model's own count (parameters and attention).
 
-MFU is divided by two peaks for the run's matmul precision (see `mfu.py`): the one measured
+MFU is divided by two peaks for the run's matmul precision (see `observability/mfu.py`): the one
+measured
 on this device (every device has one), and the datasheet's where the GPU is in the table.
 """
 
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import mfu, utils
+from .. import utils
+from ..observability import mfu
 from .timing import Context, Skip, device_batch, fmt_timing, fresh_model, make_step, measure
 
 

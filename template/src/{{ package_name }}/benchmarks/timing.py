@@ -26,9 +26,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from .. import utils
 from ..config import Config
-from ..data_sources import DataInfo
-from ..task import Task
+from ..runtime import accelerator
 from ..train import build_optimizer
+from ..training.data_sources import DataInfo
+from ..training.task import Task
 
 MIN_RUNS = 5  # timed rounds per measurement, at least (3 with --quick)
 
@@ -279,11 +280,11 @@ def make_step(
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The minimal step: forward, loss, backward, (clip), optimizer step. Nothing else."""
     optimizer = make_optimizer(model, ctx.config, ctx.device)
-    scaler = utils.make_grad_scaler(ctx.device, ctx.config.speed.precision)
+    scaler = accelerator.make_grad_scaler(ctx.device, ctx.config.speed.precision)
 
     def step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         with utils.anomaly_detection(anomaly):
-            with utils.autocast(ctx.device, ctx.config.speed.precision):
+            with accelerator.autocast(ctx.device, ctx.config.speed.precision):
                 loss = F.cross_entropy(*ctx.task.outputs(model, inputs, targets))
             scaler.scale(loss).backward()
         if clip is not None:

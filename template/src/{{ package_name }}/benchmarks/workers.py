@@ -11,7 +11,7 @@ from typing import Any
 from torch.utils.data import Dataset
 
 from .. import utils
-from ..task import build_datasets
+from ..training.task import build_datasets
 from .timing import Context, Skip, endless, fmt_timing, measure, quartiles, train_loader
 
 

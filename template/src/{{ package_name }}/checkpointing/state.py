@@ -1,0 +1,163 @@
+"""What a checkpoint holds, in one place: a list of parts, each saving and restoring itself.
+
+Every stateful piece of a run (weights and optimizer, the schedule, the loss scaler, the random
+generators, where the run stands, and each `@slots.state` of yours or the template's, such as
+the EMA) is one `Part` with a `save` and a `load`. `snapshot` calls every save and `restore`
+every load, so nothing can be saved without being restored; a test enumerates `PARTS` and
+round-trips each. A checkpoint is a plain dict (checkpointing/checkpoint.py writes and reads it with
+`weights_only=True`); the keys below are its layout, which older checkpoints share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import slots
+from . import checkpoint
+from . import sharded as sharded_checkpoint
+from .checkpoint import CheckpointError
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a snapshot is taken: the epoch to continue in, its samples done (per rank), and
+    the epoch's metric totals so far."""
+
+    epoch: int
+    samples_in_epoch: int
+    totals: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Part:
+    """One stateful piece: `save(run, position)` gives its checkpoint keys, `load(run, state,
+    path)` puts them back from the checkpoint's dict `state`."""
+
+    name: str
+    save: Callable[[Any, Position], dict[str, Any]]
+    load: Callable[[Any, dict[str, Any], Path], None]
+
+
+def _save_weights(run: Any, at: Position) -> dict[str, Any]:
+    # A sharded checkpoint keeps model and optimizer as the shards beside this dict.
+    return {
+        "model": {} if run.sharded else run.raw_model.state_dict(),
+        "optimizer": {} if run.sharded else run.optimizer.state_dict(),
+    }
+
+
+def _load_weights(run: Any, state: dict[str, Any], path: Path) -> None:
+    # A sharded folder loads onto however many ranks this run has (resharding); either loads
+    # with this run's kernels, not the saving machine's (checkpoint.with_own_kernels).
+    sharded_checkpoint.load_model_and_optimizer(path, state, run.raw_model, run.optimizer)
+    if slots.load().optimizer is None:  # the template's AdamW: this run's --weight-decay
+        set_weight_decay(run.optimizer, run.config.optim.weight_decay)
+
+
+def set_weight_decay(optimizer: Any, weight_decay: float) -> None:
+    """This run's --weight-decay on the groups `slots.param_groups` marks for decay (all of a
+    one-group optimizer's)."""
+    for group in optimizer.param_groups:
+        group["weight_decay"] = weight_decay if group.get("decay", True) else 0.0
+
+
+def _save_schedule(run: Any, at: Position) -> dict[str, Any]:
+    return {"scheduler": run.scheduler.state_dict()}
+
+
+def _load_schedule(run: Any, state: dict[str, Any], path: Path) -> None:
+    scheduler = run.scheduler
+    peaks = list(scheduler.base_lrs)  # as this run built its optimizer, from its flags
+    checkpoint.load_state_into(scheduler, state["scheduler"], "scheduler", path)
+    # The checkpoint says where in the schedule we are; this run's flags say what the
+    # schedule is (as in nanoGPT): a resumed run honours a changed --lr or --epochs, and an
+    # optimizer of yours keeps the peak rate it gives each group.
+    scheduler.base_lrs = peaks
+    for group, peak in zip(run.optimizer.param_groups, peaks, strict=True):
+        group["lr"] = peak * scheduler.lr_lambdas[0](scheduler.last_epoch)
+
+
+def _save_scaler(run: Any, at: Position) -> dict[str, Any]:
+    return {"scaler": run.scaler.state_dict()}
+
+
+def _load_scaler(run: Any, state: dict[str, Any], path: Path) -> None:
+    if not state["scaler"] and run.scaler.is_enabled():  # trained at bf16 or fp32, fp16 now
+        run.log(f"{path} was trained without fp16's loss scaling: the scale starts fresh")
+        return
+    checkpoint.load_state_into(run.scaler, state["scaler"], "scaler", path)
+
+
+def _save_rng(run: Any, at: Position) -> dict[str, Any]:
+    return {"rng": checkpoint.capture_rng_state(run.device)}
+
+
+def _load_rng(run: Any, state: dict[str, Any], path: Path) -> None:
+    checkpoint.restore_rng_state(state["rng"], run.device)
+
+
+def _save_progress(run: Any, at: Position) -> dict[str, Any]:
+    return {
+        "epoch": at.epoch,
+        "samples_in_epoch": at.samples_in_epoch,
+        "step": run.global_step,
+        "epoch_totals": at.totals,
+        "metrics": run.result,
+        f"best_{run.task.best_by[0]}": run.best,  # None before the first validation
+    }
+
+
+def _load_progress(run: Any, state: dict[str, Any], path: Path) -> None:
+    run.epoch, run.skip_samples = state["epoch"], state["samples_in_epoch"]
+    run.global_step, run.best = state["step"], state.get(f"best_{run.task.best_by[0]}")
+    run.epoch_totals = dict(state.get("epoch_totals", {}))
+    run.result = dict(state.get("metrics", {}))
+
+
+def _save_states(run: Any, at: Position) -> dict[str, Any]:
+    return {"states": {name: part.state_dict() for name, part in run.states.items()}}
+
+
+def _load_states(run: Any, state: dict[str, Any], path: Path) -> None:
+    """Each `@slots.state` of this run from the checkpoint's; one it lacks starts afresh
+    (it was switched on since), one only the checkpoint has is left out; both said once."""
+    saved = state.get("states", {})
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"checkpoint {path} is malformed: 'states' is not a table")
+    for name, part in run.states.items():
+        if name not in saved:
+            run.log(f"{path} holds no {name!r} state (off when it was saved): starting it fresh")
+            continue
+        checkpoint.load_state_into(part, saved[name], f"{name!r} state", path)
+    for name in sorted(set(saved) - set(run.states)):
+        run.log(f"{path} holds a {name!r} state this run does not keep (off now): left out")
+
+
+PARTS: list[Part] = [
+    Part("weights", _save_weights, _load_weights),
+    Part("schedule", _save_schedule, _load_schedule),
+    Part("scaler", _save_scaler, _load_scaler),
+    Part("rng", _save_rng, _load_rng),
+    Part("progress", _save_progress, _load_progress),
+    Part("states", _save_states, _load_states),
+]
+
+
+def snapshot(run: Any, at: Position) -> dict[str, Any]:
+    """Everything needed to continue exactly from `at`: every part's keys, and what the run
+    was (format, config, run record) for the readers."""
+    state: dict[str, Any] = {"format": checkpoint.FORMAT_VERSION}
+    for part in PARTS:
+        state.update(part.save(run, at))
+    extra: dict[str, Any] = getattr(run.task, "checkpoint_extra", dict)()  # the LM's tokenizer
+    return {**state, **extra, "config": run.config.flat(), "run": run.record}
+
+
+def restore(run: Any, state: dict[str, Any], path: Path) -> None:
+    """Every part from checkpoint `state` (read from `path`), in PARTS' order: the random
+    generators after everything that may draw from them."""
+    for part in PARTS:
+        part.load(run, state, path)

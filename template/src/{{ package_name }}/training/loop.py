@@ -1,0 +1,360 @@
+"""The parts of the training loop that `train.train()` strings together, one function each.
+
+`Run` holds one run: the parts `train.build_run` makes and where the run stands. Then:
+`begin_epoch`, `train_step` (one optimizer step: micro-batches, accumulation, clipping, the
+health check, the update), `log_progress` (the periodic train record), `end_epoch` (evaluate,
+the epoch record, best.pt) and `save_checkpoint` (last.pt, refusing a non-finite model). Each
+takes the `Run` and changes only what its name says; a test can call one alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.profiler import record_function
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from .. import slots, utils
+from ..checkpointing import (
+    checkpoint,
+)
+from ..checkpointing import (
+    sharded as sharded_checkpoint,
+)
+from ..checkpointing import (
+    state as checkpoint_state,
+)
+from ..checkpointing import (
+    steps as step_checkpoints,
+)
+from ..checkpointing.checkpoint import SaveError
+from ..checkpointing.state import Position
+from ..config import Config
+from ..observability.mfu import Utilization
+from ..runtime import accelerator, distributed, exits, parallel
+from ..runtime.stopping import StopSignal
+from .data_sources import ResumableSampler
+from .metrics import Meter, MetricsWriter, add_totals, extra_means, peak_memory, summarize
+from .task import Task, blow_up_error, evaluate, step_is_finite
+
+
+@dataclass
+class Run:
+    """One training run: the parts `train.build_run` makes, then where the run stands.
+
+    The fields after `log` are what a checkpoint saves and a resume restores; the loop's
+    functions advance them. One plain record rather than a Trainer class: every part of the
+    loop is a function of it that a reader (or a test) can take alone.
+    """
+
+    config: Config
+    ctx: distributed.Context
+    task: Task
+    raw_model: nn.Module  # unwrapped: what is saved, evaluated and clipped
+    model: nn.Module  # what the step runs: compiled, and under torchrun DDP- or FSDP-wrapped
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler
+    sampler: ResumableSampler
+    train_loader: DataLoader[Any]
+    val_loader: DataLoader[Any]
+    meter: Meter
+    utilization: Utilization
+    steps_per_epoch: int
+    total_steps: int  # --epochs x steps_per_epoch, or the LM's --max-steps (its last is cut)
+    header: str  # the one line that describes the run when it starts
+    record: dict[str, Any]  # metrics.run_record: the run's first metrics line, in checkpoints
+    log: Callable[[str], None]  # console.log on rank 0, silent elsewhere
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # task.training_loss(config)
+    # Where the run stands: saved in every checkpoint (checkpointing/state.py), restored on
+    # resume, with the `@slots.state` objects (the EMA, yours) by name.
+    epoch: int = 0  # the epoch to start (or resume) in
+    skip_samples: int = 0  # samples of that epoch already done (per rank)
+    global_step: int = 0
+    best: float | None = None  # the best validation figure of task.best_by so far
+    epoch_totals: dict[str, float] = field(default_factory=dict)
+    result: dict[str, Any] = field(default_factory=dict)  # the last epoch's metrics
+    states: dict[str, slots.Stateful] = field(default_factory=dict)
+    saver: Any = None  # step_checkpoints.Saver: --save-every, --keep-last, the background writer
+
+    @property
+    def device(self) -> torch.device:
+        return self.ctx.device
+
+    @property
+    def sharded(self) -> bool:
+        """An FSDP run writes sharded checkpoint folders (checkpointing/sharded.py), others
+        files."""
+        return self.config.speed.parallel == "fsdp"
+
+    @property
+    def last_path(self) -> Path:
+        return self._checkpoint("last")
+
+    @property
+    def best_path(self) -> Path:
+        return self._checkpoint("best")
+
+    def _checkpoint(self, name: str) -> Path:
+        suffix = sharded_checkpoint.SUFFIX if self.sharded else ".pt"
+        return Path(self.config.run.run_dir) / "checkpoints" / f"{name}{suffix}"
+
+    def steps_in(self, epoch: int) -> int:
+        """Optimizer steps in `epoch`: all of them, but the budget's last stops at its end."""
+        return max(0, min(self.steps_per_epoch, self.total_steps - epoch * self.steps_per_epoch))
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.config.optim.grad_accum_steps * self.config.optim.batch_size  # per rank
+
+
+def begin_epoch(run: Run, epoch: int) -> tuple[int, Iterator[Any]]:
+    """Order the epoch's data and reset its counters: (the first step to run, the batches)."""
+    start = epoch == run.epoch
+    run.sampler.set_epoch(epoch)  # a new order every epoch, the same on resume
+    first_step = run.skip_samples // run.samples_per_step if start else 0
+    # Skip the steps a resumed epoch already did without loading their batches.
+    run.sampler.start = first_step * run.samples_per_step
+    batches = iter(run.train_loader)
+    if not start or first_step == 0:
+        run.epoch_totals = {}
+    if run.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(run.device)
+    run.model.train()
+    run.meter.reset()
+    return first_step, batches
+
+
+def progress_bar(run: Run, epoch: int, first_step: int) -> tqdm[Any]:
+    return tqdm(
+        total=run.steps_in(epoch),
+        initial=first_step,
+        leave=False,
+        desc=f"epoch {epoch + 1}/{run.config.optim.epochs}",
+        dynamic_ncols=True,
+        disable=not (run.ctx.is_main and run.config.log.progress),
+    )
+
+
+def train_step(run: Run, batches: Iterator[Any], stop: StopSignal) -> tuple[torch.Tensor, bool]:
+    """One optimizer step: `--grad-accum-steps` micro-batches forward and backward, clipping,
+    the health check, the update. Returns (the summed micro-batch losses, still on the
+    device: no host sync; whether every rank agreed to stop after this step)."""
+    config, device, meter = run.config, run.device, run.meter
+    model, raw_model, optimizer, scaler = run.model, run.raw_model, run.optimizer, run.scaler
+    precision, accum = config.speed.precision, config.optim.grad_accum_steps
+    step_losses = []
+    micro_batches = []  # kept for one step only: the blow-up diagnosis re-runs them
+    for micro in range(accum):
+        with record_function("data"):
+            waited = time.perf_counter()
+            inputs, targets = utils.to_device(next(batches), device)
+            meter.data_time += time.perf_counter() - waited
+        micro_batches.append((inputs, targets))
+        # DDP all-reduces (FSDP reduce-scatters) gradients during backward; until the last
+        # micro-batch of the step there is nothing worth reducing.
+        no_sync = run.ctx.enabled and micro < accum - 1
+        with (
+            parallel.no_sync(model) if no_sync else contextlib.nullcontext(),
+            utils.anomaly_detection(config.log.detect_anomaly),
+        ):
+            with record_function("forward"), accelerator.autocast(device, precision):
+                logits, labels = run.task.outputs(model, inputs, targets)
+                loss = run.loss_fn(logits, labels)
+            with record_function("backward"):
+                # Average over micro-batches: the gradient of one big batch.
+                scaler.scale(loss / accum if accum > 1 else loss).backward()
+        step_losses.append(loss.detach())
+        meter.add_batch(step_losses[-1], logits, labels)
+        if run_metrics := slots.load().train_metrics:  # none registered: nothing to do
+            with torch.no_grad():
+                slots.batch_metrics(run_metrics, logits.detach().float(), labels, meter.extra)
+
+    with record_function("optimizer"):
+        grad_norm = utils.clip_gradients(
+            raw_model.parameters(),
+            config.optim.grad_clip,
+            scaler=scaler,
+            optimizer=optimizer,
+        )
+    # The one deliberate host sync per step: it lets the run stop BEFORE a NaN reaches the
+    # weights. Loss and norm share one flag, so one read (under torchrun, with the stop
+    # request and --save-every-minutes' clock, one all-reduce). Under fp16 an inf gradient is
+    # routine (GradScaler skips that step), so only the loss counts there. Its own label: on
+    # a GPU the wait for the queued forward and backward lands here, not around it.
+    with record_function("sync"):
+        step_loss = step_losses[0] if accum == 1 else torch.stack(step_losses).sum()
+        healthy = step_is_finite(step_loss, grad_norm, scaler)
+        # --save-every-minutes under torchrun: "time is up" is agreed on in the same read.
+        late = run.ctx.enabled and step_checkpoints.late(run)
+        blew_up, stop_now, late = _agree(healthy, stop.signum is not None, late, run.ctx, device)
+        if run.ctx.enabled:
+            step_checkpoints.agree_late(run, late)
+    if blew_up:  # every rank got here: the verdict was all-reduced
+        kept = exits.kept(run.last_path, run.best_path)
+        raise blow_up_error(
+            run.task, raw_model, micro_batches, precision, device, step_loss / accum,
+            grad_norm, run.global_step + 1, kept,
+        )  # fmt: skip
+    with record_function("optimizer"):
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        run.scheduler.step()
+    run.global_step += 1
+    meter.add_step(grad_norm)
+    slots.run_callbacks("after_step", run)
+    return step_loss, stop_now
+
+
+def _agree(
+    healthy: torch.Tensor, stop: bool, late: bool, ctx: distributed.Context, device: torch.device
+) -> tuple[bool, bool, bool]:
+    """Read the step's health flag; under DDP every rank must reach the same verdict.
+
+    A rank that stopped alone would leave the others waiting forever in the next all-reduce,
+    so the flag, the stop request and --save-every-minutes' "time is up" travel together in
+    one small all-reduce (max): one collective and one read per step, however many flags.
+    """
+    if not ctx.enabled:
+        return not bool(healthy), stop, late
+    requests = [torch.full((), flag, device=device) for flag in (stop, late)]  # no copy
+    flags = torch.stack([~healthy, *requests]).float()
+    blew_up, stop_all, late_all = distributed.all_reduce(flags, op="max").tolist()
+    return blew_up > 0, stop_all > 0, late_all > 0
+
+
+def log_progress(run: Run, writer: MetricsWriter, epoch: int, bar: tqdm[Any]) -> None:
+    """The periodic `train` record: the interval's meters, read and reset."""
+    totals = run.meter.read()  # all-reduce + the interval's one extra sync
+    add_totals(run.epoch_totals, totals)
+    record = {
+        "kind": "train",
+        "epoch": epoch + 1,
+        "step": run.global_step,
+        **summarize(totals),
+        "lr": run.optimizer.param_groups[0]["lr"],
+        **peak_memory(run.device),
+    }
+    record.update(run.utilization.record(record["samples_per_s"] / run.ctx.world_size))
+    record.update(run.task.metrics(record))
+    writer.write(record)
+    bar.set_postfix(loss=f"{record['loss']:.4f}", acc=f"{record['acc']:.3f}")
+    run.meter.reset()
+
+
+def end_epoch(run: Run, writer: MetricsWriter, epoch: int) -> None:
+    """Evaluate, write the `epoch` record, save last.pt (and best.pt when the task's
+    `best_by` figure improved: val_acc for images, val_bpb for a language model)."""
+    add_totals(run.epoch_totals, run.meter.read())
+    distributed.broadcast_buffers(run.raw_model)
+    # The uncompiled model: the compiled graph was traced in training mode, and inference
+    # mode plus the last, smaller validation batch would cost two more compilations (per
+    # rank, different ones with uneven shards).
+    with parallel.gathered(run.raw_model):  # FSDP: full weights, uneven shards are fine
+        val = evaluate(
+            validation_model(run), run.val_loader, run.device, run.config.speed.precision,
+            run.task,
+        )  # fmt: skip
+    train_metrics = summarize(run.epoch_totals)
+    result = run.result = {
+        "kind": "epoch",
+        "epoch": epoch + 1,
+        "global_step": run.global_step,
+        "train_loss": train_metrics["loss"],
+        "train_acc": train_metrics["acc"],
+        **val,
+        "lr": run.optimizer.param_groups[0]["lr"],
+        "grad_norm": train_metrics["grad_norm"],
+        "skipped_steps": train_metrics["skipped_steps"],
+        "samples_per_s": train_metrics["samples_per_s"],
+        "data_wait": train_metrics["data_wait"],
+        **run.task.metrics(train_metrics, "train_"),
+        **extra_means(run.epoch_totals, "train_"),
+        **peak_memory(run.device),
+    }
+    slots.run_callbacks("after_validation", run)
+    writer.write({**result, "step": run.global_step})
+    improved = improves(run, val)
+    result[f"best_{run.task.best_by[0]}"] = run.best
+    run.log(
+        f"epoch {epoch + 1}/{run.config.optim.epochs}  train loss {result['train_loss']:.4f} "
+        f"acc {result['train_acc']:.3f} | val loss {val['val_loss']:.4f} "
+        f"acc {val['val_acc']:.3f} | lr {result['lr']:.2e} | "
+        f"{result['samples_per_s']:.0f} {run.task.unit}/s, data wait "
+        f"{100 * result['data_wait']:.0f}%"
+    )
+    save_checkpoint(run, epoch + 1, 0, {}, improved=improved, val_loss=val["val_loss"])
+    if improved:
+        best = {"kind": "best", "step": run.global_step, "epoch": epoch + 1}
+        writer.write({**best, run.task.best_by[0]: run.best, "path": str(run.best_path)})
+
+
+def improves(run: Run, val: dict[str, float]) -> bool:
+    """Whether this validation beats the best so far by the task's `best_by` figure (a first
+    finite one always does), and if so, keep it as the best."""
+    name, higher = run.task.best_by
+    value = val[name]
+    if not math.isfinite(value):
+        return False
+    if run.best is not None and not (value > run.best if higher else value < run.best):
+        return False
+    run.best = value
+    return True
+
+
+def validation_model(run: Run) -> nn.Module:
+    """What validation evaluates: the last `@slots.validation_model` that gives one (the EMA
+    with --ema-decay), else the unwrapped trained model."""
+    chosen = run.raw_model
+    for pick in slots.load().validation_models:
+        chosen = pick(run) or chosen
+    return chosen
+
+
+def snapshot(run: Run, epoch: int, samples_in_epoch: int, totals: dict[str, float]) -> dict:
+    """Everything needed to continue exactly from here (checkpointing/state.py's parts)."""
+    return checkpoint_state.snapshot(run, Position(epoch, samples_in_epoch, totals))
+
+
+def save_checkpoint(
+    run: Run, epoch: int, samples: int, totals: dict, *, improved: bool, val_loss: float
+) -> None:
+    """Write last.pt (and best.pt if `improved`), never a non-finite model.
+
+    Every rank checks its weights and buffers and every rank learns the verdicts, so a
+    refusal or a failed write stops all ranks together.
+    """
+    device, last_path, best_path = run.device, run.last_path, run.best_path
+    slots.run_callbacks("before_save", run)
+    bad = checkpoint.first_nonfinite(run.raw_model)
+    if bad is None and not math.isfinite(val_loss):
+        bad = f"validation loss ({val_loss})"
+    if distributed.any_rank(bad is not None, device):
+        kept = exits.kept(last_path, best_path)
+        raise utils.NonFiniteLossError(
+            f"non-finite {bad or 'weights on another rank'} at step {run.global_step}, "
+            f"epoch {epoch + (samples > 0)}: not saved; {kept}; "
+            "lower --lr, set --grad-clip, or check the data",
+            step=run.global_step,
+        )
+    failure = None
+    # checkpointing/steps.py: which file (--keep-last), now or on a thread (--save-in-background)
+    if run.sharded:  # every rank writes its shards; a failure raises on every rank
+        step_checkpoints.save_sharded(run, snapshot(run, epoch, samples, totals), improved)
+    elif run.ctx.is_main:
+        try:
+            step_checkpoints.save_file(run, snapshot(run, epoch, samples, totals), improved)
+        except SaveError as error:
+            failure = error
+    if distributed.any_rank(failure is not None, device):
+        raise failure or SaveError("rank 0 could not write the checkpoint; see its message")
