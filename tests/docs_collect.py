@@ -68,7 +68,7 @@ SHRINK_BY_MODULE = {
     "train": SHRINK,
     "profiling": [*SHRINK, *PROFILE_SHRINK],
     "tune": [*SHRINK, *TUNE_SHRINK],
-    "lm_grid": LM_GRID_SHRINK,
+    "grid": LM_GRID_SHRINK,
     "compress": ["--max-windows", "8"],
 }
 # Too slow to run here (minutes); a test of the generated project must run it with the same flags.

@@ -327,7 +327,7 @@ def parse_only(command: Command, words: list[str], train_parser) -> list[str]:
     if words[:1] == ["srun"]:
         words = words[1:]
     module_args: list[str] | None = None
-    launcher = words[:3] == ["python", "-m", f"{PACKAGE}.launch"]  # torchrun's arguments
+    launcher = words[:3] == ["python", "-m", f"{PACKAGE}.runtime.launch"]  # torchrun's arguments
     if words[:1] == ["torchrun"] or launcher:
         from torch.distributed.run import get_args_parser
 

@@ -76,7 +76,7 @@ def gone_since(revision: str) -> list[str]:
     assert result.returncode == 0, result.stderr
     gone = []
     for line in result.stdout.splitlines():
-        status, old, *new = line.split("\t")
+        _status, old, *new = line.split("\t")
         if new and rendered_name(old) == rendered_name(new[0]):
             continue  # only the template's file name changed (a `.jinja` suffix dropped)
         gone.append(old)
