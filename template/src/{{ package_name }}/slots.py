@@ -58,10 +58,14 @@ import importlib.util
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from .training.run import Run
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 POINTS = ("after_step", "after_validation", "before_save", "after_resume")
@@ -225,7 +229,7 @@ def val_metrics() -> list[Callable[..., dict[str, torch.Tensor]]]:
     return [*load().val_metrics, *([legacy] if legacy is not None else [])]
 
 
-def run_callbacks(point: str, run: Any) -> None:
+def run_callbacks(point: str, run: Run) -> None:
     for fn in load().callbacks[point]:
         fn(run)
 

@@ -13,12 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import slots
 from . import checkpoint
 from . import sharded as sharded_checkpoint
 from .checkpoint import CheckpointError
+
+if TYPE_CHECKING:
+    from ..training.run import Run
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ class Part:
     load: Callable[[Any, dict[str, Any], Path], None]
 
 
-def _save_weights(run: Any, at: Position) -> dict[str, Any]:
+def _save_weights(run: Run, at: Position) -> dict[str, Any]:
     # A sharded checkpoint keeps model and optimizer as the shards beside this dict.
     return {
         "model": {} if run.sharded else run.raw_model.state_dict(),
@@ -49,7 +52,7 @@ def _save_weights(run: Any, at: Position) -> dict[str, Any]:
     }
 
 
-def _load_weights(run: Any, state: dict[str, Any], path: Path) -> None:
+def _load_weights(run: Run, state: dict[str, Any], path: Path) -> None:
     # A sharded folder loads onto however many ranks this run has (resharding); either loads
     # with this run's kernels, not the saving machine's (checkpoint.with_own_kernels).
     sharded_checkpoint.load_model_and_optimizer(path, state, run.raw_model, run.optimizer)
@@ -64,11 +67,11 @@ def set_weight_decay(optimizer: Any, weight_decay: float) -> None:
         group["weight_decay"] = weight_decay if group.get("decay", True) else 0.0
 
 
-def _save_schedule(run: Any, at: Position) -> dict[str, Any]:
+def _save_schedule(run: Run, at: Position) -> dict[str, Any]:
     return {"scheduler": run.scheduler.state_dict()}
 
 
-def _load_schedule(run: Any, state: dict[str, Any], path: Path) -> None:
+def _load_schedule(run: Run, state: dict[str, Any], path: Path) -> None:
     scheduler = run.scheduler
     peaks = list(scheduler.base_lrs)  # as this run built its optimizer, from its flags
     checkpoint.load_state_into(scheduler, state["scheduler"], "scheduler", path)
@@ -80,26 +83,26 @@ def _load_schedule(run: Any, state: dict[str, Any], path: Path) -> None:
         group["lr"] = peak * scheduler.lr_lambdas[0](scheduler.last_epoch)
 
 
-def _save_scaler(run: Any, at: Position) -> dict[str, Any]:
+def _save_scaler(run: Run, at: Position) -> dict[str, Any]:
     return {"scaler": run.scaler.state_dict()}
 
 
-def _load_scaler(run: Any, state: dict[str, Any], path: Path) -> None:
+def _load_scaler(run: Run, state: dict[str, Any], path: Path) -> None:
     if not state["scaler"] and run.scaler.is_enabled():  # trained at bf16 or fp32, fp16 now
         run.log(f"{path} was trained without fp16's loss scaling: the scale starts fresh")
         return
     checkpoint.load_state_into(run.scaler, state["scaler"], "scaler", path)
 
 
-def _save_rng(run: Any, at: Position) -> dict[str, Any]:
+def _save_rng(run: Run, at: Position) -> dict[str, Any]:
     return {"rng": checkpoint.capture_rng_state(run.device)}
 
 
-def _load_rng(run: Any, state: dict[str, Any], path: Path) -> None:
+def _load_rng(run: Run, state: dict[str, Any], path: Path) -> None:
     checkpoint.restore_rng_state(state["rng"], run.device)
 
 
-def _save_progress(run: Any, at: Position) -> dict[str, Any]:
+def _save_progress(run: Run, at: Position) -> dict[str, Any]:
     return {
         "epoch": at.epoch,
         "samples_in_epoch": at.samples_in_epoch,
@@ -110,18 +113,18 @@ def _save_progress(run: Any, at: Position) -> dict[str, Any]:
     }
 
 
-def _load_progress(run: Any, state: dict[str, Any], path: Path) -> None:
+def _load_progress(run: Run, state: dict[str, Any], path: Path) -> None:
     run.epoch, run.skip_samples = state["epoch"], state["samples_in_epoch"]
     run.global_step, run.best = state["step"], state.get(f"best_{run.task.best_by[0]}")
     run.epoch_totals = dict(state.get("epoch_totals", {}))
     run.result = dict(state.get("metrics", {}))
 
 
-def _save_states(run: Any, at: Position) -> dict[str, Any]:
+def _save_states(run: Run, at: Position) -> dict[str, Any]:
     return {"states": {name: part.state_dict() for name, part in run.states.items()}}
 
 
-def _load_states(run: Any, state: dict[str, Any], path: Path) -> None:
+def _load_states(run: Run, state: dict[str, Any], path: Path) -> None:
     """Each `@slots.state` of this run from the checkpoint's; one it lacks starts afresh
     (it was switched on since), one only the checkpoint has is left out; both said once."""
     saved = state.get("states", {})
@@ -146,7 +149,7 @@ PARTS: list[Part] = [
 ]
 
 
-def snapshot(run: Any, at: Position) -> dict[str, Any]:
+def snapshot(run: Run, at: Position) -> dict[str, Any]:
     """Everything needed to continue exactly from `at`: every part's keys, and what the run
     was (format, config, run record) for the readers."""
     state: dict[str, Any] = {"format": checkpoint.FORMAT_VERSION}
@@ -156,7 +159,7 @@ def snapshot(run: Any, at: Position) -> dict[str, Any]:
     return {**state, **extra, "config": run.config.flat(), "run": run.record}
 
 
-def restore(run: Any, state: dict[str, Any], path: Path) -> None:
+def restore(run: Run, state: dict[str, Any], path: Path) -> None:
     """Every part from checkpoint `state` (read from `path`), in PARTS' order: the random
     generators after everything that may draw from them."""
     for part in PARTS:

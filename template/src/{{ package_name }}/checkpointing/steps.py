@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,6 +39,9 @@ from . import checkpoint
 from . import resume as resume_choice
 from . import sharded as sharded_checkpoint
 from .checkpoint import SaveError
+
+if TYPE_CHECKING:
+    from ..training.run import Run
 
 
 class BackgroundWriter:
@@ -84,7 +87,7 @@ class Saver:
     agreed_late: bool = False
 
 
-def saver(run: Any) -> Saver:
+def saver(run: Run) -> Saver:
     """`run.saver`, made from the run's config the first time."""
     if run.saver is None:
         config = run.config.run
@@ -98,7 +101,7 @@ def saver(run: Any) -> Saver:
     return run.saver
 
 
-def due(run: Any, step_in_epoch: int) -> bool:
+def due(run: Run, step_in_epoch: int) -> bool:
     """Whether --save-every (or --save-every-minutes) asks for a save after this step; the
     same answer on every rank. Never on an epoch's last step: the epoch's end saves."""
     plan = saver(run)
@@ -112,25 +115,25 @@ def due(run: Any, step_in_epoch: int) -> bool:
     return plan.agreed_late if run.ctx.enabled else late(run)
 
 
-def late(run: Any) -> bool:
+def late(run: Run) -> bool:
     """Whether --save-every-minutes' time is up on this rank's clock (False without it)."""
     plan = saver(run)
     return plan.minutes is not None and time.monotonic() - plan.last_save >= 60 * plan.minutes
 
 
-def agree_late(run: Any, verdict: bool) -> None:
+def agree_late(run: Run, verdict: bool) -> None:
     """Keep the ranks' agreed `late` verdict of this step for `due`."""
     saver(run).agreed_late = verdict
 
 
-def target(run: Any) -> Path:
+def target(run: Run) -> Path:
     """Where a save writes: last.pt, or with --keep-last > 1 step-<step>.pt (or .dcp)."""
     if saver(run).keep == 1:
         return Path(run.last_path)
     return Path(run.last_path).with_name(f"step-{run.global_step}{run.last_path.suffix}")
 
 
-def save_file(run: Any, state: dict[str, Any], improved: bool) -> None:
+def save_file(run: Run, state: dict[str, Any], improved: bool) -> None:
     """Rank 0 of a single-file run: write `state` (best.pt too if `improved`), now or on the
     writer's thread from a CPU copy. A previous background write that failed raises here."""
     plan = saver(run)
@@ -158,7 +161,7 @@ def write_file(state: dict[str, Any], path: Path, last: Path, best: Path | None,
         rotate(path.parent, keep, path)
 
 
-def save_sharded(run: Any, state: dict[str, Any], improved: bool) -> None:
+def save_sharded(run: Run, state: dict[str, Any], improved: bool) -> None:
     """Every rank of an FSDP run: write the shards (checkpointing/sharded.py), then on rank 0
     point last.dcp at them and rotate; a failure anywhere raises SaveError on every rank."""
     plan, path, last = saver(run), target(run), run.last_path
@@ -176,7 +179,7 @@ def save_sharded(run: Any, state: dict[str, Any], improved: bool) -> None:
     sharded_checkpoint._together(point_last_at_it, last, run.device)
 
 
-def finish(run: Any) -> None:
+def finish(run: Run) -> None:
     """Wait for the save in flight; if it failed, raise its SaveError on every rank."""
     plan = run.saver
     failure = plan.writer.wait() if plan is not None and plan.writer is not None else None
@@ -184,7 +187,7 @@ def finish(run: Any) -> None:
         raise failure or SaveError("rank 0 could not write the checkpoint; see its message")
 
 
-def stopping(run: Any, stop: Any) -> bool:
+def stopping(run: Run, stop: Any) -> bool:
     """Whether a stop signal arrived (on any rank) while the run saved: it stops now, on the
     checkpoint just written (no extra step, no second save), once the write is done."""
     if not distributed.any_rank(stop.signum is not None, run.device):
@@ -193,7 +196,7 @@ def stopping(run: Any, stop: Any) -> bool:
     return True
 
 
-def close(run: Any) -> None:
+def close(run: Run) -> None:
     """At the run's end, also on an error: never leave a write half-done behind the exit."""
     plan = run.saver
     if plan is not None and plan.writer is not None:

@@ -17,12 +17,15 @@ per step, two with BatchNorm's integer buffer); here the count that decides is a
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from .. import slots
+
+if TYPE_CHECKING:
+    from .run import Run
 
 
 class EMA(nn.Module):
@@ -88,12 +91,12 @@ def _lerp(averaged: list[torch.Tensor], current: list[torch.Tensor], decay: floa
                 mine.copy_(mine * decay + theirs * (1 - decay))
 
 
-def _decay(run: Any) -> float:
+def _decay(run: Run) -> float:
     return float(getattr(run.config.optim, "ema_decay", 0.0))  # a config.py from before it
 
 
 @slots.state("ema")
-def make_ema(run: Any) -> EMA | None:
+def make_ema(run: Run) -> EMA | None:
     """The averaged copy of the unwrapped model, on its device (None without --ema-decay)."""
     decay = _decay(run)
     if not decay:
@@ -102,13 +105,13 @@ def make_ema(run: Any) -> EMA | None:
 
 
 @slots.callback("after_step")
-def update_ema(run: Any) -> None:
+def update_ema(run: Run) -> None:
     ema = run.states.get("ema")
-    if ema is not None:
+    if isinstance(ema, EMA):
         ema.update_parameters(run.raw_model)
 
 
 @slots.validation_model
-def ema_model(run: Any) -> nn.Module | None:
+def ema_model(run: Run) -> nn.Module | None:
     ema = run.states.get("ema")
-    return None if ema is None else ema.module
+    return ema.module if isinstance(ema, EMA) else None

@@ -1,6 +1,7 @@
 """The parts of the training loop that `train.train()` strings together, one function each.
 
-`Run` holds one run: the parts `train.build_run` makes and where the run stands. Then:
+`Run` (training/run.py) holds one run: the parts `train.build_run` makes and where the run
+stands. Then:
 `begin_epoch`, `train_step` (one optimizer step: micro-batches, accumulation, clipping, the
 health check, the update), `log_progress` (the periodic train record), `end_epoch` (evaluate,
 the epoch record, best.pt) and `save_checkpoint` (last.pt, refusing a non-finite model). Each
@@ -12,109 +13,25 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 from torch.profiler import record_function
-from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from .. import slots, utils
-from ..checkpointing import (
-    checkpoint,
-)
-from ..checkpointing import (
-    sharded as sharded_checkpoint,
-)
-from ..checkpointing import (
-    state as checkpoint_state,
-)
-from ..checkpointing import (
-    steps as step_checkpoints,
-)
+from ..checkpointing import checkpoint
+from ..checkpointing import state as checkpoint_state
+from ..checkpointing import steps as step_checkpoints
 from ..checkpointing.checkpoint import SaveError
 from ..checkpointing.state import Position
-from ..config import Config
-from ..observability.mfu import Utilization
 from ..runtime import accelerator, distributed, exits, parallel
 from ..runtime.stopping import StopSignal
-from .data_sources import ResumableSampler
-from .metrics import Meter, MetricsWriter, add_totals, extra_means, peak_memory, summarize
-from .task import Task, blow_up_error, evaluate, step_is_finite
-
-
-@dataclass
-class Run:
-    """One training run: the parts `train.build_run` makes, then where the run stands.
-
-    The fields after `log` are what a checkpoint saves and a resume restores; the loop's
-    functions advance them. One plain record rather than a Trainer class: every part of the
-    loop is a function of it that a reader (or a test) can take alone.
-    """
-
-    config: Config
-    ctx: distributed.Context
-    task: Task
-    raw_model: nn.Module  # unwrapped: what is saved, evaluated and clipped
-    model: nn.Module  # what the step runs: compiled, and under torchrun DDP- or FSDP-wrapped
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
-    scaler: torch.amp.GradScaler
-    sampler: ResumableSampler
-    train_loader: DataLoader[Any]
-    val_loader: DataLoader[Any]
-    meter: Meter
-    utilization: Utilization
-    steps_per_epoch: int
-    total_steps: int  # --epochs x steps_per_epoch, or the LM's --max-steps (its last is cut)
-    header: str  # the one line that describes the run when it starts
-    record: dict[str, Any]  # metrics.run_record: the run's first metrics line, in checkpoints
-    log: Callable[[str], None]  # console.log on rank 0, silent elsewhere
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # task.training_loss(config)
-    # Where the run stands: saved in every checkpoint (checkpointing/state.py), restored on
-    # resume, with the `@slots.state` objects (the EMA, yours) by name.
-    epoch: int = 0  # the epoch to start (or resume) in
-    skip_samples: int = 0  # samples of that epoch already done (per rank)
-    global_step: int = 0
-    best: float | None = None  # the best validation figure of task.best_by so far
-    epoch_totals: dict[str, float] = field(default_factory=dict)
-    result: dict[str, Any] = field(default_factory=dict)  # the last epoch's metrics
-    states: dict[str, slots.Stateful] = field(default_factory=dict)
-    saver: Any = None  # step_checkpoints.Saver: --save-every, --keep-last, the background writer
-
-    @property
-    def device(self) -> torch.device:
-        return self.ctx.device
-
-    @property
-    def sharded(self) -> bool:
-        """An FSDP run writes sharded checkpoint folders (checkpointing/sharded.py), others
-        files."""
-        return self.config.speed.parallel == "fsdp"
-
-    @property
-    def last_path(self) -> Path:
-        return self._checkpoint("last")
-
-    @property
-    def best_path(self) -> Path:
-        return self._checkpoint("best")
-
-    def _checkpoint(self, name: str) -> Path:
-        suffix = sharded_checkpoint.SUFFIX if self.sharded else ".pt"
-        return Path(self.config.run.run_dir) / "checkpoints" / f"{name}{suffix}"
-
-    def steps_in(self, epoch: int) -> int:
-        """Optimizer steps in `epoch`: all of them, but the budget's last stops at its end."""
-        return max(0, min(self.steps_per_epoch, self.total_steps - epoch * self.steps_per_epoch))
-
-    @property
-    def samples_per_step(self) -> int:
-        return self.config.optim.grad_accum_steps * self.config.optim.batch_size  # per rank
+from .metrics import MetricsWriter, add_totals, extra_means, peak_memory, summarize
+from .run import Run
+from .task import blow_up_error, evaluate, step_is_finite
 
 
 def begin_epoch(run: Run, epoch: int) -> tuple[int, Iterator[Any]]:
