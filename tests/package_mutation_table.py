@@ -179,10 +179,10 @@ TRAINING = [
     # ---- the non-finite guard on the device (issue 53): test_nonfinite_guard.py --------------
     bug("guard-applies-the-skipped-update-anyway", "loop.py",
         "muon.step_unless(optimizer, skip)", "optimizer.step()",
-        "test_nonfinite_guard.py", "defaults"),
+        "test_nonfinite_guard.py", "foreach"),
     bug("guard-leaves-a-fused-optimizer-stepping", "loop.py",
         "optimizer.found_inf = skip.float()", "optimizer.found_inf = skip.float() * 0",
-        "test_nonfinite_guard.py", "fused"),
+        "test_nonfinite_guard.py", "defaults"),
     bug("guard-forgets-an-unread-blow-up", "loop.py",
         "guard.bad = guard.bad | ~healthy", "guard.bad = ~healthy",
         "test_nonfinite_guard.py", "defaults"),

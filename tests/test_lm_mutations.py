@@ -272,7 +272,7 @@ MUTATIONS = [
     # ---- the non-finite guard on the device (issue 53), with the GPT and Muon -------------
     bug("lm-guard-applies-the-skipped-update-anyway", "loop.py",
         "muon.step_unless(optimizer, skip)", "optimizer.step()",
-        "test_nonfinite_guard.py", "defaults"),
+        "test_nonfinite_guard.py", "foreach"),
     bug("lm-muon-applies-the-adamw-half-of-a-skipped-step", "muon.py",
         "step_unless(self.adamw, found_inf)", "self.adamw.step()",
         "test_nonfinite_guard.py", "muon"),
