@@ -198,7 +198,7 @@ def train_step(run: Run, batches: Iterator[Any], stop: StopSignal) -> tuple[torc
         )
     # The health flag: the loss and the norm share one flag (one kernel). Under fp16 an inf
     # gradient is routine (GradScaler skips that step), so only the loss counts there. Under
-    # torchrun (and with --anomaly) it is read here, once, with the stop request and
+    # torchrun (and with --detect-anomaly) it is read here, once, with the stop request and
     # --save-every-minutes' clock in the step's one all-reduce, and a blow-up stops BEFORE
     # the update. In one process nothing is read: a non-finite step (and every one after it)
     # is skipped on the device, and `check_health` stops the run at the next log step.
@@ -275,9 +275,10 @@ def _record(
 def _update(run: Run, skip: torch.Tensor | None) -> None:
     """`scaler.step(optimizer)`, skipped on the device where `skip` is set: nothing of the
     step reaches the weights or the optimizer's state (moments, step counts). Under fp16 the
-    flag joins GradScaler's found-inf flag; a fused optimizer (AdamW on CUDA, MuonAdamW)
-    takes it as GradScaler's found_inf, which its kernels honour; any other steps and is put
-    back where the flag is set (a transient copy of its weights and state)."""
+    flag joins GradScaler's found-inf flag; a fused optimizer (the template's AdamW, on CUDA
+    and the CPU) and MuonAdamW take it as GradScaler's found_inf, which their kernels honour;
+    any other steps and is put back where the flag is set (a transient copy of its weights
+    and state, every step: register a fused optimizer to avoid it)."""
     optimizer, scaler = run.optimizer, run.scaler
     if skip is None:
         scaler.step(optimizer)

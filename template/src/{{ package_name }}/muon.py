@@ -148,8 +148,9 @@ def takes_found_inf(optimizer: torch.optim.Optimizer) -> bool:
 def step_unless(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor | None) -> None:
     """`optimizer.step()`, undone on the device where `found_inf` is set: the parameters and
     the state tensors are copied before and put back after (a transient copy of Muon's
-    matrices and momenta, under fp16 only). A momentum made by a skipped first step stays
-    zero, which is what a missing one means."""
+    matrices and momenta at each step that has a flag: fp16's, or the non-finite guard's in
+    one process, loop._update). A momentum made by a skipped first step stays zero, which is
+    what a missing one means."""
     if found_inf is None:
         optimizer.step()
         return
