@@ -269,6 +269,10 @@ MUTATIONS = [
         "    if not math.isfinite(value):\n        return False",
         "    if False:\n        return False",
         "test_lm_training.py", "lowest_validation"),
+    # ---- the non-finite guard on the device (issue 53), with the GPT ----------------------
+    bug("lm-guard-applies-the-skipped-update-anyway", "training/loop.py",
+        "muon.step_unless(optimizer, skip)", "optimizer.step()",
+        "test_nonfinite_guard.py", "foreach"),
     # ---- a third outside reader's (issue 37's code, not its tests): missed at first --------
     bug("outsider-two-new-tokens-through-the-cache-unmasked", "model.py",
         "if length > 1:", "if length > 2:",

@@ -37,8 +37,8 @@ from .runtime import accelerator, exits
 from .settings.parsing import build_parser, parse_config
 from .training.task import task_for
 
-# "sync" is the step's one host sync (the finite-loss check): on a GPU it absorbs the wait
-# for the queued forward and backward kernels, so it gets its own label, next to the others.
+# "sync" is the finite-loss check: on the device in one process; under torchrun the step's one
+# host sync, where on a GPU it absorbs the wait for the queued forward and backward kernels.
 PHASES = ("data", "forward", "backward", "sync", "optimizer")
 
 

@@ -14,6 +14,7 @@ import contextlib
 import math
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,9 +30,22 @@ from ..checkpointing.checkpoint import SaveError
 from ..checkpointing.state import Position
 from ..runtime import accelerator, distributed, exits, parallel
 from ..runtime.stopping import StopSignal
+from . import muon
 from .metrics import MetricsWriter, add_totals, extra_means, peak_memory, summarize
 from .run import Run
 from .task import blow_up_error, evaluate, step_is_finite
+
+
+@dataclass
+class Guard:
+    """What the non-finite guard keeps on the device between reads (one process): whether a
+    step since the run began was non-finite, and that first step's number, loss and norm.
+    Once `bad` is set every update is skipped on the device; `check_health` reads it."""
+
+    bad: torch.Tensor
+    step: torch.Tensor
+    loss: torch.Tensor
+    norm: torch.Tensor
 
 
 def begin_epoch(run: Run, epoch: int) -> tuple[int, Iterator[Any]]:
@@ -103,27 +117,32 @@ def train_step(run: Run, batches: Iterator[Any], stop: StopSignal) -> tuple[torc
             scaler=scaler,
             optimizer=optimizer,
         )
-    # The one deliberate host sync per step: it lets the run stop BEFORE a NaN reaches the
-    # weights. Loss and norm share one flag, so one read (under torchrun, with the stop
-    # request and --save-every-minutes' clock, one all-reduce). Under fp16 an inf gradient is
-    # routine (GradScaler skips that step), so only the loss counts there. Its own label: on
-    # a GPU the wait for the queued forward and backward lands here, not around it.
+    # The health flag: the loss and the norm share one flag (one kernel). Under fp16 an inf
+    # gradient is routine (GradScaler skips that step), so only the loss counts there. Under
+    # torchrun (and with --detect-anomaly) it is read here, once, with the stop request and
+    # --save-every-minutes' clock in the step's one all-reduce, and a blow-up stops BEFORE
+    # the update. In one process nothing is read: a non-finite step (and every one after it)
+    # is skipped on the device, and `check_health` stops the run at the next log step.
     with record_function("sync"):
         step_loss = step_losses[0] if accum == 1 else torch.stack(step_losses).sum()
         healthy = step_is_finite(step_loss, grad_norm, scaler)
+        now = run.ctx.enabled or config.log.detect_anomaly
         # --save-every-minutes under torchrun: "time is up" is agreed on in the same read.
         late = run.ctx.enabled and step_checkpoints.late(run)
-        blew_up, stop_now, late = _agree(healthy, stop.signum is not None, late, run.ctx, device)
+        blew_up, stop_now, late = _agree(
+            healthy if now else None, stop.signum is not None, late, run.ctx, device
+        )
         if run.ctx.enabled:
             step_checkpoints.agree_late(run, late)
+        skip = None if now else _record(run, healthy, step_loss / accum, grad_norm)
     if blew_up:  # every rank got here: the verdict was all-reduced
-        kept = exits.kept(run.last_path, run.best_path)
+        kept = _kept(run)
         raise blow_up_error(
             run.task, raw_model, micro_batches, precision, device, step_loss / accum,
             grad_norm, run.global_step + 1, kept,
         )  # fmt: skip
     with record_function("optimizer"):
-        scaler.step(optimizer)
+        _update(run, skip)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         run.scheduler.step()
@@ -134,24 +153,109 @@ def train_step(run: Run, batches: Iterator[Any], stop: StopSignal) -> tuple[torc
 
 
 def _agree(
-    healthy: torch.Tensor, stop: bool, late: bool, ctx: distributed.Context, device: torch.device
+    healthy: torch.Tensor | None,
+    stop: bool,
+    late: bool,
+    ctx: distributed.Context,
+    device: torch.device,
 ) -> tuple[bool, bool, bool]:
-    """Read the step's health flag; under DDP every rank must reach the same verdict.
+    """Read the step's health flag (None: left to the device, see `_record`); under DDP every
+    rank must reach the same verdict.
 
     A rank that stopped alone would leave the others waiting forever in the next all-reduce,
     so the flag, the stop request and --save-every-minutes' "time is up" travel together in
     one small all-reduce (max): one collective and one read per step, however many flags.
     """
     if not ctx.enabled:
-        return not bool(healthy), stop, late
+        return healthy is not None and not bool(healthy), stop, late
+    if healthy is None:
+        raise ValueError("under torchrun the health flag is agreed at every step")
     requests = [torch.full((), flag, device=device) for flag in (stop, late)]  # no copy
     flags = torch.stack([~healthy, *requests]).float()
     blew_up, stop_all, late_all = distributed.all_reduce(flags, op="max").tolist()
     return blew_up > 0, stop_all > 0, late_all > 0
 
 
+def _record(
+    run: Run, healthy: torch.Tensor, loss: torch.Tensor, grad_norm: torch.Tensor
+) -> torch.Tensor:
+    """Keep the step's health on the device (no read): the first non-finite step's number,
+    loss and norm, and the flag that skips this update and every later one. Returns it."""
+    guard = run.guard
+    if guard is None:
+        zero = torch.zeros((), device=run.device)  # made on the device: no copy
+        guard = run.guard = Guard(zero.bool(), zero.long(), zero, zero)
+    first = ~healthy & ~guard.bad
+    guard.step = torch.where(first, run.global_step + 1, guard.step)
+    guard.loss = torch.where(first, loss.detach().float(), guard.loss)
+    guard.norm = torch.where(first, grad_norm.detach().float(), guard.norm)
+    guard.bad = guard.bad | ~healthy
+    return guard.bad
+
+
+def _update(run: Run, skip: torch.Tensor | None) -> None:
+    """`scaler.step(optimizer)`, skipped on the device where `skip` is set: nothing of the
+    step reaches the weights or the optimizer's state (moments, step counts). Under fp16 the
+    flag joins GradScaler's found-inf flag; a fused optimizer (the template's AdamW, on CUDA
+    and the CPU) and MuonAdamW take it as GradScaler's found_inf, which their kernels honour;
+    any other steps and is put back where the flag is set (a transient copy of its weights
+    and state, every step: register a fused optimizer to avoid it)."""
+    optimizer, scaler = run.optimizer, run.scaler
+    if skip is None:
+        scaler.step(optimizer)
+    elif scaler.is_enabled():  # clip_gradients unscaled: the flags exist, one per device
+        state = scaler._per_optimizer_states[id(optimizer)]
+        for found in state["found_inf_per_device"].values():
+            found.copy_(torch.maximum(found, skip.to(found.device, found.dtype)))
+        scaler.step(optimizer)
+    elif muon.takes_found_inf(optimizer):
+        optimizer.found_inf = skip.float()  # type: ignore[attr-defined]
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf  # type: ignore[attr-defined]
+    else:
+        muon.step_unless(optimizer, skip)
+
+
+def check_health(run: Run) -> None:
+    """The guard's one read, at a log step, an epoch's end and before any save: a step since
+    the last read that was non-finite stops the run here, before anything is logged, saved
+    or evaluated, with the line the step's own check gives: its number, loss and norm, and
+    the diagnosis of its batches (read again: the weights are still those before it, since
+    its update and every later one were skipped)."""
+    guard = run.guard
+    if guard is None or not bool(guard.bad):
+        return
+    step = int(guard.step)
+    raise blow_up_error(
+        run.task, run.raw_model, _batches_of(run, step), run.config.speed.precision,
+        run.device, guard.loss, guard.norm, step, _kept(run),
+    )  # fmt: skip
+
+
+def _kept(run: Run) -> str:
+    """The checkpoints a blow-up leaves, once the good one in flight is written (a failed
+    write is reported by step_checkpoints.close at the run's end)."""
+    if run.saver is not None and run.saver.writer is not None:
+        run.saver.writer.wait()
+    return exits.kept(run.last_path, run.best_path)
+
+
+def _batches_of(run: Run, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The micro-batches of optimizer step `step` (counted from 1), read again in the run's
+    order: the same samples (random augmentation draws anew)."""
+    epoch, index = divmod(step - 1, run.steps_per_epoch)
+    run.sampler.set_epoch(epoch)
+    run.sampler.start = index * run.samples_per_step
+    batches = iter(run.train_loader)
+    accum = run.config.optim.grad_accum_steps
+    return [utils.to_device(next(batches), run.device) for _ in range(accum)]
+
+
 def log_progress(run: Run, writer: MetricsWriter, epoch: int, bar: tqdm[Any]) -> None:
     """The periodic `train` record: the interval's meters, read and reset."""
+    check_health(run)
     totals = run.meter.read()  # all-reduce + the interval's one extra sync
     add_totals(run.epoch_totals, totals)
     record = {
@@ -172,6 +276,7 @@ def log_progress(run: Run, writer: MetricsWriter, epoch: int, bar: tqdm[Any]) ->
 def end_epoch(run: Run, writer: MetricsWriter, epoch: int) -> None:
     """Evaluate, write the `epoch` record, save last.pt (and best.pt when the task's
     `best_by` figure improved: val_acc for images, val_bpb for a language model)."""
+    check_health(run)
     add_totals(run.epoch_totals, run.meter.read())
     distributed.broadcast_buffers(run.raw_model)
     # The uncompiled model: the compiled graph was traced in training mode, and inference
@@ -252,6 +357,7 @@ def save_checkpoint(
     refusal or a failed write stops all ranks together.
     """
     device, last_path, best_path = run.device, run.last_path, run.best_path
+    check_health(run)  # a skipped non-finite step is never saved over
     slots.run_callbacks("before_save", run)
     bad = checkpoint.first_nonfinite(run.raw_model)
     if bad is None and not math.isfinite(val_loss):

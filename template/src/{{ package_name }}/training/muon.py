@@ -122,7 +122,7 @@ class MuonAdamW(torch.optim.Optimizer):
             grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
             torch._foreach_mul_(grads, grad_scale.double().reciprocal().float())
         if self.muon is not None:
-            _step_unless(self.muon, found_inf)
+            step_unless(self.muon, found_inf)
         if self.adamw is None:
             return
         if found_inf is not None and self.adamw.defaults.get("fused"):
@@ -131,18 +131,26 @@ class MuonAdamW(torch.optim.Optimizer):
                 self.adamw.step()
             finally:
                 del self.adamw.found_inf  # type: ignore[attr-defined]
-        elif found_inf is not None:  # unfused (the CPU): GradScaler's own read
-            if not found_inf.item():
-                self.adamw.step()
-        else:
-            self.adamw.step()
+        else:  # unfused (the CPU): put back on the device where found_inf is set
+            step_unless(self.adamw, found_inf)
 
 
-def _step_unless(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor | None) -> None:
+def takes_found_inf(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer.step()` honours a `found_inf` attribute (GradScaler's contract),
+    skipping its whole update on the device where it is set: torch's fused optimizers (their
+    kernels leave weights, moments and step counts as they were) and MuonAdamW."""
+    if isinstance(optimizer, MuonAdamW):
+        return True
+    fused = type(optimizer).__module__.startswith("torch.optim") and optimizer.defaults.get("fused")
+    return bool(fused and getattr(optimizer, "_step_supports_amp_scaling", False))
+
+
+def step_unless(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor | None) -> None:
     """`optimizer.step()`, undone on the device where `found_inf` is set: the parameters and
     the state tensors are copied before and put back after (a transient copy of Muon's
-    matrices and momenta, under fp16 only). A momentum made by a skipped first step stays
-    zero, which is what a missing one means."""
+    matrices and momenta at each step that has a flag: fp16's, or the non-finite guard's in
+    one process, loop._update). A momentum made by a skipped first step stays zero, which is
+    what a missing one means."""
     if found_inf is None:
         optimizer.step()
         return

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ..observability.mfu import Utilization
     from ..runtime import distributed
     from .data_sources import ResumableSampler
+    from .loop import Guard
     from .metrics import Meter
     from .task import Task
 
@@ -71,6 +72,7 @@ class Run:
     result: dict[str, Any] = field(default_factory=dict)  # the last epoch's metrics
     states: dict[str, slots.Stateful] = field(default_factory=dict)
     saver: Saver | None = None  # --save-every, --keep-last, the background writer
+    guard: Guard | None = None  # the non-finite guard's device-side record (one process)
 
     @property
     def device(self) -> torch.device:
