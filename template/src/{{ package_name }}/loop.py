@@ -353,4 +353,4 @@ def save_checkpoint(
         except SaveError as error:
             failure = error
     if distributed.any_rank(failure is not None, device):
-        raise failure or SaveError("another rank could not write the checkpoint; see its message")
+        raise failure or SaveError("rank 0 could not write the checkpoint; see its message")

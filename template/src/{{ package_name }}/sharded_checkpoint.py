@@ -109,11 +109,11 @@ class AsyncWrites:
     run on the default group (one group used by two threads at once would mix them up), and
     `async_save` needs a CPU backend, which an NCCL run's default group lacks."""
 
-    def __init__(self, distributed: bool) -> None:
+    def __init__(self, distributed: bool, device: torch.device) -> None:
         import torch.distributed as dist
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-        cuda = torch.cuda.is_available()  # pinned buffers and queued copies need CUDA
+        cuda = device.type == "cuda"  # pinned buffers and queued copies are for CUDA's
         self.stager = DefaultStager(
             StagingOptions(
                 use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False,
@@ -175,7 +175,9 @@ def _save_error(error: BaseException, path: Path) -> BaseException:
         checkpoint.write_failure(error) is None
     ):
         return error
-    kept = "the previous checkpoint is untouched" if path.exists() else "no checkpoint survives"
+    # `path` (last.dcp) or, with --keep-last, the step checkpoints beside it.
+    survivors = [p for p in path.parent.glob(f"*{SUFFIX}") if is_sharded_checkpoint(p)]
+    kept = "the previous checkpoint is untouched" if survivors else "no checkpoint survives"
     return SaveError(f"could not write {path}: {_first_line(error)}; {kept}")
 
 

@@ -171,7 +171,7 @@ def save_sharded(run: Any, state: dict[str, Any], improved: bool) -> None:
     if plan.writer is not None:
         finish(run)  # at most one save in flight; its failure stops every rank here
         if plan.dcp is None:
-            plan.dcp = sharded_checkpoint.AsyncWrites(run.ctx.enabled)
+            plan.dcp = sharded_checkpoint.AsyncWrites(run.ctx.enabled, run.device)
         staged = plan.staging.stage(state) if run.ctx.is_main else {}
         write = sharded_checkpoint.write_async(
             staged, path, run.raw_model, run.optimizer, plan.dcp, is_main=run.ctx.is_main,
@@ -203,17 +203,19 @@ def save_sharded(run: Any, state: dict[str, Any], improved: bool) -> None:
 def finish_folder(path: Path, last: Path, best: Path | None, keep: int) -> None:
     """Rank 0's end of a background sharded save, once the folder is complete: last.dcp,
     best.dcp and the rotation, as a foreground save does them; a failure is a SaveError."""
+    writing = last
     try:
         if path != last:
             link_folder(path, last)
             rotate(path.parent, keep, path)
         if best is not None:
+            writing = best
             sharded_checkpoint.copy_folder(path, best)
     except OSError as error:
         if isinstance(error, SaveError):
             raise
         cause = error.strerror or type(error).__name__
-        raise SaveError(f"could not write {best or last}: {cause}; {path} holds it") from None
+        raise SaveError(f"could not write {writing}: {cause}; {path} holds the newest") from None
 
 
 def finish(run: Any) -> None:
@@ -274,7 +276,7 @@ class Staging:
     def allocate(self, like: torch.Tensor) -> torch.Tensor:
         """A new CPU buffer for tensors like `like` (staging allocates nowhere else)."""
         buffer = torch.empty_like(like, device="cpu")  # `like`'s strides where it is dense
-        return buffer.pin_memory() if self.pin else buffer
+        return buffer.pin_memory() if self.pin and like.is_cuda else buffer
 
     def _copy(self, value: Any, memo: dict[Any, Any], used: dict[Any, int], devices: Any) -> Any:
         if isinstance(value, dict):
@@ -295,7 +297,7 @@ class Staging:
     def _staged(self, tensor: torch.Tensor, used: dict[Any, int], devices: Any) -> torch.Tensor:
         if type(tensor) is not torch.Tensor or tensor.layout != torch.strided:
             return tensor.to("cpu", copy=True)  # a tensor subclass or a sparse one: as it was
-        kind = (tuple(tensor.shape), tensor.stride(), tensor.dtype)
+        kind = (tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor.device.type)
         pool = self._buffers.setdefault(kind, [])
         index = used[kind] = used.get(kind, -1) + 1
         if index == len(pool):
