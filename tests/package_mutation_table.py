@@ -212,12 +212,11 @@ TRAINING = [
     bug("a-failed-async-sharded-write-is-dropped", "sharded_checkpoint.py",
         "raise _save_error(error, path) from None", "return",
         "test_parallel.py", "async_sharded_write"),
-    Mutation("a-sharded-folder-finished-before-its-shards-are-written", "sharded_checkpoint.py",
-             (("            written.result()  # every rank's shards and the index: DCP's save "
-               "ends together\n            if is_main:\n                _finish(state, tmp, path)\n",
-               "            if is_main:\n                _finish(state, tmp, path)\n"
-               "            written.result()\n"),),
-             "test_step_checkpoints.py", "async_sharded_save_resumes"),
+    bug("a-sharded-folder-finished-before-its-shards-are-written", "sharded_checkpoint.py",
+        "written.result()  # every rank's shards and the index: DCP's save ends together\n"
+        "            if is_main:\n                _finish(state, tmp, path)",
+        "if is_main:\n                _finish(state, tmp, path)\n            written.result()",
+        "test_step_checkpoints.py", "async_sharded_save_resumes"),
     bug("two-sharded-saves-in-flight", "step_checkpoints.py",
         "finish(run)  # at most one save in flight; its failure stops every rank here", "pass",
         "test_parallel.py", "async_sharded_write"),
