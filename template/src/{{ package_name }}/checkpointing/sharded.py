@@ -27,6 +27,7 @@ import os
 import shutil
 import warnings
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -104,6 +105,85 @@ def write(
         if is_main:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+class AsyncWrites:
+    """What an FSDP run's background saves keep from one save to the next: DCP's stager,
+    whose CPU buffers (page-locked where CUDA is) are reused, and under torchrun a gloo
+    group of their own: DCP's collectives then run on the writer's thread while training's
+    run on the default group (one group used by two threads at once would mix them up), and
+    `async_save` needs a CPU backend, which an NCCL run's default group lacks."""
+
+    def __init__(self, distributed: bool, device: torch.device) -> None:
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        cuda = device.type == "cuda"  # pinned buffers and queued copies are for CUDA's
+        self.stager = DefaultStager(
+            StagingOptions(
+                use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False,
+                use_non_blocking_copy=cuda,
+            )
+        )  # fmt: skip
+        self.group = dist.new_group(backend="gloo") if distributed else None
+        if not distributed:  # DCP's warning comes from the writer's thread (see above)
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+
+
+def write_async(
+    state: dict[str, Any],
+    path: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    writes: AsyncWrites,
+    *,
+    is_main: bool,
+    device: torch.device,
+) -> Callable[[], None]:
+    """`write`, in two halves. This one, on every rank: a fresh temporary folder, then the
+    shards staged into CPU memory and handed to DCP's `async_save`. The half it returns, for
+    a writer thread: wait for every rank's shards, then (rank 0) write `state` (already in
+    CPU memory) and swap the folder into `path`; a failure there is a SaveError, with `path`
+    holding the previous checkpoint and the temporary folder removed."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    _together(lambda: _fresh_folder(tmp) if is_main else None, path, device)
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    shards = {"model": model_state, "optimizer": optimizer_state}
+    upload = dcp.async_save(
+        shards, checkpoint_id=tmp, process_group=writes.group, async_stager=writes.stager
+    )
+    written: Future[Any] = upload if isinstance(upload, Future) else upload.upload_completion
+
+    def finish() -> None:
+        try:
+            written.result()  # every rank's shards and the index: DCP's save ends together
+            if is_main:
+                _finish(state, tmp, path)
+        except BaseException as error:
+            if is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise _save_error(error, path) from None
+
+    return finish
+
+
+def _save_error(error: BaseException, path: Path) -> BaseException:
+    """A failed write of `path` as one SaveError; anything else (a bug) as it is."""
+    from torch.distributed.checkpoint import CheckpointException
+
+    if isinstance(error, SaveError):
+        return error
+    if not isinstance(error, (OSError, CheckpointException)) and (
+        checkpoint.write_failure(error) is None
+    ):
+        return error
+    # `path` (last.dcp) or, with --keep-last, the step checkpoints beside it.
+    survivors = [p for p in path.parent.glob(f"*{SUFFIX}") if is_sharded_checkpoint(p)]
+    kept = "the previous checkpoint is untouched" if survivors else "no checkpoint survives"
+    return SaveError(f"could not write {path}: {_first_line(error)}; {kept}")
 
 
 def state_file(path: Path) -> Path:
@@ -195,15 +275,20 @@ def _regrouped(saved: dict[str, Any], current: dict[str, Any]) -> list[dict[str,
 
 def copy(source: Path, target: Path, *, is_main: bool, device: torch.device) -> None:
     """Copy a finished checkpoint folder (best.dcp), atomically like `save`."""
-    tmp = target.with_name(f".{target.name}.tmp")
 
     def run() -> None:
         if is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(source, tmp)
-            _replace(tmp, target)
+            copy_folder(source, target)
 
     _together(run, target, device, f"; {source} holds this epoch's checkpoint")
+
+
+def copy_folder(source: Path, target: Path) -> None:
+    """Copy folder `source` to `target` (one process), swapped in whole as `_replace` does."""
+    tmp = target.with_name(f".{target.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(source, tmp)
+    _replace(tmp, target)
 
 
 def recover(folder: Path) -> None:

@@ -9,13 +9,16 @@ signal saves, so such a kill costs at most N steps (M minutes).
   `checkpoints/step-<step>.pt` (a `.dcp` folder under FSDP), `last.pt` is a hard link to the
   newest (no second copy on disk) and the step checkpoints beyond the K newest are deleted;
   with K = 1 (the default) a save replaces `last.pt`, as it always did. `best.pt` is apart.
-- `--save-in-background` (on by default) writes a single-file checkpoint on a thread. The
-  training thread checks the weights first (nothing non-finite is saved), copies the state
-  into CPU memory and goes on; the thread writes the copy as `checkpoint.save_checkpoint`
-  always does: a temporary file, fsync, rename, fsync of the folder. At most one save is in
-  flight: the next save, a stop signal and the end of training wait for it, and a write that
-  failed raises its `SaveError` there (exit 74, the previous checkpoint kept), on every rank.
-  Sharded (FSDP) checkpoints are written in the foreground.
+- `--save-in-background` (on by default) writes checkpoints on a thread. The training thread
+  checks the weights first (nothing non-finite is saved), copies the state into CPU buffers
+  (`Staging`: kept from one save to the next, page-locked where CUDA is, filled by copies
+  queued together and waited for once) and goes on; the thread writes the copy as
+  `checkpoint.save_checkpoint` always does: a temporary file, fsync, rename, fsync of the
+  folder. Under FSDP every rank stages its shards and DCP's `async_save` writes them
+  (sharded_checkpoint.write_async); the folder is complete only when its train state is in.
+  At most one save is in flight: the next save, a stop signal and the end of training wait
+  for it, and a write that failed raises its `SaveError` there (exit 74, the previous
+  checkpoint kept), on every rank.
 - `--resume auto` (`newest`) takes the newest complete checkpoint: when an older one exists,
   a newest one that is partial or unreadable is skipped with one line naming it.
 """
@@ -80,8 +83,11 @@ class Saver:
     every: int | None
     minutes: float | None
     keep: int
-    writer: BackgroundWriter | None  # rank 0 of a single-file run with --save-in-background
+    # With --save-in-background: rank 0 of a single-file run, every rank of an FSDP run.
+    writer: BackgroundWriter | None
     last_save: float = field(default_factory=time.monotonic)
+    staging: Staging = field(default_factory=lambda: Staging())
+    dcp: Any = None  # an FSDP run's sharded_checkpoint.AsyncWrites, made on its first save
     # --save-every-minutes under torchrun: every rank's verdict, agreed in the step's one
     # all-reduce (loop.train_step, with the health flag and the stop request).
     agreed_late: bool = False
@@ -91,7 +97,7 @@ def saver(run: Run) -> Saver:
     """`run.saver`, made from the run's config the first time."""
     if run.saver is None:
         config = run.config.run
-        background = config.save_in_background and not run.sharded and run.ctx.is_main
+        background = config.save_in_background and (run.sharded or run.ctx.is_main)
         run.saver = Saver(
             config.save_every,
             config.save_every_minutes,
@@ -146,7 +152,7 @@ def save_file(run: Run, state: dict[str, Any], improved: bool) -> None:
     if plan.writer is None:
         write_file(state, path, last, best, plan.keep)
         return
-    copied = cpu_copy(state, {})  # on this thread: the next step changes the originals
+    copied = plan.staging.stage(state)  # on this thread: the next step changes the originals
     plan.writer.submit(lambda: write_file(copied, path, last, best, plan.keep))
 
 
@@ -163,9 +169,30 @@ def write_file(state: dict[str, Any], path: Path, last: Path, best: Path | None,
 
 def save_sharded(run: Run, state: dict[str, Any], improved: bool) -> None:
     """Every rank of an FSDP run: write the shards (checkpointing/sharded.py), then on rank 0
-    point last.dcp at them and rotate; a failure anywhere raises SaveError on every rank."""
+    point last.dcp at them and rotate; a failure anywhere raises SaveError on every rank.
+    With a writer, the shards are staged here and written by DCP's `async_save`, and rank 0
+    finishes the folder on the writer's thread; a previous write that failed raises here."""
     plan, path, last = saver(run), target(run), run.last_path
     best = run.best_path if improved else None
+    if plan.writer is not None:
+        finish(run)  # at most one save in flight; its failure stops every rank here
+        if plan.dcp is None:
+            plan.dcp = sharded_checkpoint.AsyncWrites(run.ctx.enabled, run.device)
+        staged = plan.staging.stage(state) if run.ctx.is_main else {}
+        write = sharded_checkpoint.write_async(
+            staged, path, run.raw_model, run.optimizer, plan.dcp, is_main=run.ctx.is_main,
+            device=run.device,
+        )  # fmt: skip
+        plan.last_save = time.monotonic()
+        main = run.ctx.is_main
+
+        def job() -> None:
+            write()
+            if main:
+                finish_folder(path, last, best, plan.keep)
+
+        plan.writer.submit(job)
+        return
     sharded_checkpoint.save(state, path, run.raw_model, run.optimizer, best, run.ctx, run.device)
     plan.last_save = time.monotonic()
     if path == last:
@@ -179,12 +206,30 @@ def save_sharded(run: Run, state: dict[str, Any], improved: bool) -> None:
     sharded_checkpoint._together(point_last_at_it, last, run.device)
 
 
+def finish_folder(path: Path, last: Path, best: Path | None, keep: int) -> None:
+    """Rank 0's end of a background sharded save, once the folder is complete: last.dcp,
+    best.dcp and the rotation, as a foreground save does them; a failure is a SaveError."""
+    writing = last
+    try:
+        if path != last:
+            link_folder(path, last)
+            rotate(path.parent, keep, path)
+        if best is not None:
+            writing = best
+            sharded_checkpoint.copy_folder(path, best)
+    except OSError as error:
+        if isinstance(error, SaveError):
+            raise
+        cause = error.strerror or type(error).__name__
+        raise SaveError(f"could not write {writing}: {cause}; {path} holds the newest") from None
+
+
 def finish(run: Run) -> None:
     """Wait for the save in flight; if it failed, raise its SaveError on every rank."""
     plan = run.saver
     failure = plan.writer.wait() if plan is not None and plan.writer is not None else None
     if distributed.any_rank(failure is not None, run.device):
-        raise failure or SaveError("rank 0 could not write the checkpoint; see its message")
+        raise failure or SaveError("another rank could not write the checkpoint; see its message")
 
 
 def stopping(run: Run, stop: Any) -> bool:
@@ -205,24 +250,68 @@ def close(run: Run) -> None:
             console.safe_print(f"error: {failure}", file=sys.stderr)
 
 
-def cpu_copy(value: Any, memo: dict[Any, torch.Tensor]) -> Any:
-    """`value` with every tensor copied into CPU memory (tensors that share storage, like a
-    tied embedding, share their copy) and every dict, list and tuple rebuilt."""
-    if isinstance(value, torch.Tensor):
-        key = (
+class Staging:
+    """CPU copies of a checkpoint's state for a background write, in buffers kept from one
+    save to the next (as torch.distributed.checkpoint's staging keeps them).
+
+    Each tensor is copied into a buffer of its shape, strides and dtype, allocated on first
+    use (`allocate`: page-locked where CUDA is available, so the copy engine fills it
+    directly) and reused by later saves: the n-th tensor of a kind in a state takes that
+    kind's n-th buffer. The copies are queued without waiting (`non_blocking`) and each
+    device is waited for once, after the last: one synchronisation a save, not one a tensor.
+    Views alike of one tensor (a tied embedding) share their copy, as they share memory.
+
+    The buffers of a save are overwritten by the next: stage only after the previous write
+    is done (`BackgroundWriter.wait`), as `save_file` and `save_sharded` do.
+    """
+
+    def __init__(self, pin: bool | None = None) -> None:
+        self.pin = torch.cuda.is_available() if pin is None else pin
+        self._buffers: dict[tuple[Any, ...], list[torch.Tensor]] = {}
+
+    @torch.no_grad()
+    def stage(self, state: Any) -> Any:
+        """`state` with every tensor copied into a CPU buffer (and every dict, list and tuple
+        rebuilt), complete when this returns."""
+        devices: set[torch.device] = set()
+        staged = self._copy(state, {}, {}, devices)
+        for device in devices:  # the one wait for all the copies queued on it
+            torch.cuda.current_stream(device).synchronize()
+        return staged
+
+    def allocate(self, like: torch.Tensor) -> torch.Tensor:
+        """A new CPU buffer for tensors like `like` (staging allocates nowhere else)."""
+        buffer = torch.empty_like(like, device="cpu")  # `like`'s strides where it is dense
+        return buffer.pin_memory() if self.pin and like.is_cuda else buffer
+
+    def _copy(self, value: Any, memo: dict[Any, Any], used: dict[Any, int], devices: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: self._copy(item, memo, used, devices) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            items = [self._copy(item, memo, used, devices) for item in value]
+            return items if isinstance(value, list) else tuple(items)
+        if not isinstance(value, torch.Tensor):
+            return value
+        same = (
             value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape),
             value.stride(), value.dtype, value.device,
         )  # fmt: skip
-        if key not in memo:
-            memo[key] = value.detach().to("cpu", copy=True)
-        return memo[key]
-    if isinstance(value, dict):
-        return {key: cpu_copy(item, memo) for key, item in value.items()}
-    if isinstance(value, list):
-        return [cpu_copy(item, memo) for item in value]
-    if isinstance(value, tuple):
-        return tuple(cpu_copy(item, memo) for item in value)
-    return value
+        if same not in memo:
+            memo[same] = self._staged(value.detach(), used, devices)
+        return memo[same]
+
+    def _staged(self, tensor: torch.Tensor, used: dict[Any, int], devices: Any) -> torch.Tensor:
+        if type(tensor) is not torch.Tensor or tensor.layout != torch.strided:
+            return tensor.to("cpu", copy=True)  # a tensor subclass or a sparse one: as it was
+        kind = (tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor.device.type)
+        pool = self._buffers.setdefault(kind, [])
+        index = used[kind] = used.get(kind, -1) + 1
+        if index == len(pool):
+            pool.append(self.allocate(tensor))
+        queued = tensor.is_cuda and self.pin
+        if queued:
+            devices.add(tensor.device)
+        return pool[index].copy_(tensor, non_blocking=queued)
 
 
 def link(source: Path, target: Path) -> None:
