@@ -152,7 +152,7 @@ def import_graph(package: Path) -> dict[str, set[str]]:
     `importlib.import_module` of `f"{__package__}..."` (a name from a `*_MODULES` tuple of the
     same file counts as each of them); imports under `if TYPE_CHECKING:` never run."""
     modules = {module_name(package, path): path for path in package.rglob("*.py")}
-    graph = {}
+    graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         tree = ast.parse(path.read_text())
         typing_only = {
@@ -169,7 +169,7 @@ def import_graph(package: Path) -> dict[str, set[str]]:
             if isinstance(node, ast.Assign)
             and any(isinstance(t, ast.Name) and t.id.endswith("_MODULES") for t in node.targets)
         ]
-        targets = set()
+        targets: set[str] = set()
         for node in ast.walk(tree):
             if id(node) in typing_only:
                 continue
@@ -184,12 +184,12 @@ def import_graph(package: Path) -> dict[str, set[str]]:
                 text = ast.unparse(node.args[0]) if node.args else ""
                 found = re.search(r"\{__package__(\.rpartition\('\.'\)\[0\])?\}\.([\w.{}]+)", text)
                 if found:
-                    base = here.rpartition(".")[0] if found[1] else here
+                    parent = here.rpartition(".")[0] if found[1] else here
                     names = (
                         [n for group in listed for n in group] if "{" in found[2] else [found[2]]
                     )
-                    targets |= {f"{base}.{n}" for n in names}
-        edges = set()
+                    targets |= {f"{parent}.{n}" for n in names}
+        edges: set[str] = set()
         for target in targets:
             while target:  # importing a.b.c runs a.b and a.b.c (a, the package, is running)
                 if target in modules and target != name and not name.startswith(target + "."):
@@ -204,7 +204,7 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
-    found = []
+    found: list[list[str]] = []
 
     def visit(node: str) -> None:
         index[node] = low[node] = len(index)
@@ -216,7 +216,7 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
             elif other in stack:
                 low[node] = min(low[node], index[other])
         if low[node] == index[node]:
-            group = []
+            group: list[str] = []
             while not group or group[-1] != node:
                 group.append(stack.pop())
             if len(group) > 1:

@@ -95,8 +95,8 @@ from pathlib import Path
 
 import torch
 
-from yours.checkpoint import load_checkpoint
-from yours.stopping import Interrupted
+from yours.checkpointing.checkpoint import load_checkpoint
+from yours.runtime.stopping import Interrupted
 from yours.config import parse_config
 from yours.train import train
 

@@ -242,7 +242,7 @@ def test_the_package_import_graph_has_no_cycle(rendered, name):
         )
         for module, tree in trees.items()
     }
-    assert graph["config"] >= {"config_parsing"} and graph["train"] >= {"loop", "config"}
+    assert graph["config"] >= {"settings.parsing"} and graph["train"] >= {"training.loop", "config"}
     try:
         list(TopologicalSorter(graph).static_order())
     except CycleError as error:
