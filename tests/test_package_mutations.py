@@ -9,7 +9,8 @@ one torch import: tests/mutation_runner.py forks a child per mutation, two at a 
 Every edit must match its module exactly once: after a change to the package, a stale target
 fails here with "mutation target not found: <module>: <text>" instead of silently testing
 nothing. Retarget it at the new code (keep the bug the same) rather than deleting it. The
-bugs themselves are listed in tests/package_mutation_table.py and package_mutation_images.py.
+bugs themselves are listed in tests/package_mutation_table.py, package_mutation_checkpoints.py
+and package_mutation_images.py.
 (`test_utils_mutations.py` does the same for `utils.py`.) The unmutated project passes these
 tests: the render matrix runs the whole generated suite.
 """
@@ -22,10 +23,11 @@ from typing import Any
 import pytest
 
 from mutations import PACKAGE, Mutation, assert_caught, render_to_mutate, run_mutations
+from package_mutation_checkpoints import CHECKPOINTS
 from package_mutation_images import IMAGES_AND_OUTSIDERS
 from package_mutation_table import TRAINING
 
-MUTATIONS = [*TRAINING, *IMAGES_AND_OUTSIDERS]
+MUTATIONS = [*TRAINING, *CHECKPOINTS, *IMAGES_AND_OUTSIDERS]
 
 
 @pytest.fixture(scope="module")
