@@ -1,4 +1,5 @@
-"""Text for the language model: tokens in a memory-mapped file, and the LM task.
+"""Text for the language model: tokens in a memory-mapped file (the task that reads them,
+`LanguageModelTask`, is in training/task.py).
 
 By default a byte-level BPE trained on the corpus tokenizes the text (`--tokenizer bpe`,
 language/tokenizer.py), each file a document followed by `<|endoftext|>`; `--tokenizer bytes` takes
@@ -31,21 +32,18 @@ import itertools
 import math
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from torch import nn
 from torch.utils.data import Dataset
 
-from .. import slots, utils
+from .. import utils
 from ..checkpointing.checkpoint import CheckpointError
 from ..config import Config
-from ..observability import mfu
 from ..prepare import is_prepared, load_prepared, suffix_of
 from ..training.data_sources import DataError, DataInfo
-from ..training.task import Task
 from .corpus import corpus_files, corpus_fingerprint, documents
 from .corpus import default_corpus as default_corpus  # where it was before language/corpus.py
 from .corpus import load_tokens as load_tokens
@@ -362,102 +360,3 @@ def tokenizer_name(state: dict[str, Any]) -> str:
     config = state.get("config")
     name = config.get("tokenizer") if isinstance(config, dict) else None
     return str(name or ("bytes" if state.get("tokenizer") is None else "a tokenizer.json"))
-
-
-class LanguageModelTask(Task):
-    """Next-token prediction: (B, T) windows in, (B*T, vocab) logits and B*T targets out."""
-
-    name = "lm"
-    unit = "tokens"
-    best_by = ("val_bpb", False)  # bits per byte: lower is better, and fair across tokenizers
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.corpus = ""  # corpus_fingerprint of the text, set by datasets()
-        self.tokenizer = Tokenizer()
-        self.bytes_per_token = {"train_": 1.0, "val_": 1.0}  # bits per byte = bits / these
-
-    def datasets(self, config: Config) -> tuple[Dataset[Any], Dataset[Any], DataInfo]:
-        """The first of data.py's `SOURCES` (yours) that takes `config`, else the corpus of
-        --data-dir: windows of --tokenizer's tokens."""
-        for source in slots.user_attr("data", "SOURCES", []):
-            found = source(config)
-            if found is not None:
-                return found
-        streams = corpus_streams(config)
-        self.corpus, self.tokenizer = streams.fingerprint, streams.tokenizer
-        train, val, info = windows(config, streams.train, streams.val, streams.tokenizer)
-        self.bytes_per_token = {
-            "train_": bytes_per_token(train, self.tokenizer),
-            "val_": bytes_per_token(val, self.tokenizer),
-        }
-        return train, val, info
-
-    def budget(self, config: Config, world_size: int) -> tuple[Config, int | None]:
-        """`--max-steps` or `--max-tokens`, validated every `--eval-every` steps
-        (`step_budget`)."""
-        return step_budget(config, world_size)
-
-    def record(self) -> dict[str, Any]:
-        """The corpus's fingerprint and the tokenizer: every checkpoint says which text it
-        was trained on, and reads text as it was read (tokenizer.from_record)."""
-        record = {**super().record(), "corpus": self.corpus}
-        if self.tokenizer.kind != "bytes":
-            record["tokenizer"] = self.tokenizer.fingerprint()
-        return record
-
-    def checkpoint_extra(self) -> dict[str, Any]:
-        """The tokenizer's JSON in every checkpoint (none for bytes): generate, evaluate and
-        compress read text with it (`tokenizer_of`)."""
-        text = self.tokenizer.to_json()
-        return {} if text is None else {"tokenizer": text}
-
-    def check_resume(
-        self, state: dict[str, Any], config: Config, path: Path, log: Callable[[str], None]
-    ) -> None:
-        """Refuse to continue a checkpoint on another corpus (other paths, sizes or
-        modification times) unless --allow-corpus-change says it is intended."""
-        record = state.get("run")
-        record = record if isinstance(record, dict) else {}
-        if record.get("tokenizer", "bytes") != self.tokenizer.fingerprint():
-            raise CheckpointError(
-                f"checkpoint {path} reads its text with another tokenizer than this run's "
-                f"--tokenizer; use the one it was trained with ({tokenizer_name(state)})"
-            )
-        saved = record.get("corpus")
-        if not saved:
-            log(f"{path} records no corpus (saved by an older version): not checked")
-        elif saved != self.corpus:
-            # getattr: a config.py from before the flag (config.py is the user's) still works.
-            if not getattr(config.run, "allow_corpus_change", False):
-                raise CheckpointError(
-                    f"checkpoint {path} was trained on another corpus (fingerprint {saved}, "
-                    f"this run's {self.corpus}: the files' paths, sizes or modification times "
-                    "differ); use the same --data-dir, or pass --allow-corpus-change to "
-                    "continue on this text"
-                )
-            log(f"--allow-corpus-change: {path} was trained on another corpus; continuing")
-
-    def outputs(
-        self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = model(inputs)
-        return logits.flatten(0, 1), targets.flatten()
-
-    def metrics(self, record: dict[str, Any], prefix: str = "") -> dict[str, float]:
-        """Bits per byte (the loss in bits per token, over the bytes a token stands for:
-        exact on the validation windows, from a sample of the training text) and tokens per
-        second (a sample in the shared metrics is a token here)."""
-        per_token = self.bytes_per_token.get(prefix, self.bytes_per_token["train_"])
-        values = {f"{prefix}bpb": record["loss"] / math.log(2) / per_token}
-        if "samples_per_s" in record:
-            values[f"{prefix}tokens_per_s"] = record["samples_per_s"]
-        return values
-
-    def utilization(
-        self, model: nn.Module, config: Config, info: DataInfo, device: torch.device, on: bool
-    ) -> mfu.Utilization:
-        """FLOPs per token from the model's own count (parameters and attention)."""
-        count = getattr(model, "flops_per_token", None)
-        flops = float(count()) if callable(count) else None
-        return mfu.Utilization.per_sample(flops, device, config.speed.precision, enabled=on)
