@@ -219,12 +219,12 @@ TRAINING = [
     bug("every-stop-signal-exits-143", "runtime/stopping.py",
         "self.exit_code = 128 + signum", "self.exit_code = 128 + signal.SIGTERM",
         "test_checkpoint.py", "128_plus"),
-    bug("an-import-error-inside-extensions-py-swallowed", "slots.py",
-        "            except ModuleNotFoundError as error:\n"
-        "                if error.name != module:  # the file exists; an import inside it failed\n"
-        "                    raise\n",
-        "            except ImportError:  # no such file: nothing registered\n"
-        "                pass\n",
+    bug("an-import-error-inside-extensions-py-swallowed", "__init__.py",
+        "        except ModuleNotFoundError as error:\n"
+        "            if error.name != module:  # the file exists; an import inside it failed\n"
+        "                raise\n",
+        "        except ImportError:  # no such file: nothing registered\n"
+        "            pass\n",
         "test_slots.py", "import_that_fails"),
     bug("augmentation-share-upside-down", "benchmarks/augmentation.py",
         'shares = {name: invert(compare(timings[name], timings["none"])) for name in RECIPES}',

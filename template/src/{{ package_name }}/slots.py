@@ -53,8 +53,6 @@ and the schedules of `--lr-schedule`), in training/ema.py and training/schedules
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -69,11 +67,6 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 POINTS = ("after_step", "after_validation", "before_save", "after_resume")
-# The user's files the template reads registrations from, and only through this module:
-# config.py's `Config` is read by every module (it is the settings), these only here.
-USER_MODULES = ("model", "extensions", "data")
-# The template's own registrations: EMA, the schedules, and (image projects) the hub's models.
-TEMPLATE_MODULES = ("training.ema", "training.schedules", "vision.hub_models")
 
 
 class Stateful(Protocol):
@@ -111,7 +104,6 @@ class Registry:
 
 
 REGISTRY = Registry()
-_loaded = False
 
 
 def model(
@@ -193,22 +185,9 @@ def validation_model(fn: F) -> F:
 
 
 def load() -> Registry:
-    """The registry after your files (model.py, extensions.py) and the template's own options
-    registered; imported once. A user file that does not exist registers nothing."""
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        for name in TEMPLATE_MODULES:
-            if importlib.util.find_spec(f"{__package__}.{name.partition('.')[0]}") is None:
-                continue  # the other task's folder: a project holds only its own task's
-            importlib.import_module(f"{__package__}.{name}")
-        for name in USER_MODULES:
-            module = f"{__package__}.{name}"
-            try:
-                importlib.import_module(module)
-            except ModuleNotFoundError as error:
-                if error.name != module:  # the file exists; an import inside it failed
-                    raise
+    """The registry, filled: importing the package (its __init__.py) imported the template's
+    own registrations and your files (model.py, extensions.py, data.py) before any module of
+    it ran. This module imports none of them, so the registry is a leaf of the import graph."""
     return REGISTRY
 
 
@@ -216,8 +195,9 @@ def user_attr(module: str, name: str, default: Any = None) -> Any:
     """`name` from the user's file `module` (one of USER_MODULES), `default` where the file
     or the name does not exist: the template's other reads of your files (data.py's
     `build_datasets`, model.py's `build_model_for`, extensions.py's `extra_metrics`)."""
+    from . import USER_MODULES
+
     assert module in USER_MODULES, module
-    load()
     found = sys.modules.get(f"{__package__}.{module}")
     return default if found is None else getattr(found, name, default)
 

@@ -31,7 +31,15 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from ..training.data_sources import IMAGE_SUFFIXES, DataError, DataInfo, ImageFolder, split
+from ..training.data_sources import (
+    IMAGE_SUFFIXES,
+    SOURCES,
+    DataError,
+    DataInfo,
+    ImageFolder,
+    image_folder,
+    split,
+)
 
 SHARD_SPLITS = ("train", "val", "test")
 VALIDATION_SPLITS = ("validation", "val", "valid")
@@ -326,3 +334,9 @@ def split_of(config: Any, split: str) -> tuple[Dataset[Any], str] | None:
 
 def _json_or_empty(path: Path) -> dict[str, Any]:
     return _json(path) if path.is_file() else {}
+
+
+# Tried before the image folder, which would take a folder of shards for one of images: the
+# package's import (__init__.py) imports this module as it does the slots' registrations.
+_folder = SOURCES.index(image_folder)
+SOURCES[_folder:_folder] = [webdataset_shards, saved_dataset]
