@@ -63,7 +63,7 @@ CHECKPOINTS = [
     bug("load-runs-pickled-code", "checkpointing/checkpoint.py",
         "location, weights_only=True", "location, weights_only=False",
         "test_checkpoint.py", "pickled"),
-    bug("torch-rng-not-restored", "checkpointing/checkpoint.py",
+    bug("torch-rng-not-restored", "checkpointing/state.py",
         'torch.set_rng_state(state["torch"])', "pass",
         "test_checkpoint.py", "rng_states"),
     bug("handlers-restored-to-the-default", "runtime/stopping.py",

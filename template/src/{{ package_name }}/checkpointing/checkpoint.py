@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import re
 import shutil
 import tempfile
@@ -473,43 +472,3 @@ def match_parameter_layouts(optimizer: torch.optim.Optimizer) -> None:
                 and value.stride() != param.stride()
             ):
                 state[key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
-
-
-def capture_rng_state(device: torch.device) -> dict[str, Any]:
-    """RNG states as weights_only-safe types (tensors, tuples, ints), to resume exactly."""
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    try:
-        import numpy as np
-    except ImportError:
-        pass
-    else:
-        kind, keys, pos, has_gauss, gauss = np.random.get_state()
-        state["numpy"] = (kind, torch.from_numpy(np.asarray(keys, np.int64)), pos, has_gauss, gauss)
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def restore_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    """Inverse of `capture_rng_state`; a state the generators reject is a CheckpointError."""
-    try:
-        _restore_rng_state(state, device)
-    except (TypeError, ValueError, RuntimeError, KeyError, OverflowError) as error:
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise CheckpointError(f"checkpoint holds a malformed random state ({first})") from None
-
-
-def _restore_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch"])
-    if "numpy" in state:
-        try:
-            import numpy as np
-        except ImportError:
-            pass
-        else:
-            kind, keys, pos, has_gauss, cached = state["numpy"]
-            np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)

@@ -10,10 +10,13 @@ round-trips each. A checkpoint is a plain dict (checkpointing/checkpoint.py writ
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from .. import slots
 from . import checkpoint
@@ -95,11 +98,11 @@ def _load_scaler(run: Run, state: dict[str, Any], path: Path) -> None:
 
 
 def _save_rng(run: Run, at: Position) -> dict[str, Any]:
-    return {"rng": checkpoint.capture_rng_state(run.device)}
+    return {"rng": capture_rng_state(run.device)}
 
 
 def _load_rng(run: Run, state: dict[str, Any], path: Path) -> None:
-    checkpoint.restore_rng_state(state["rng"], run.device)
+    restore_rng_state(state["rng"], run.device)
 
 
 def _save_progress(run: Run, at: Position) -> dict[str, Any]:
@@ -164,3 +167,46 @@ def restore(run: Run, state: dict[str, Any], path: Path) -> None:
     generators after everything that may draw from them."""
     for part in PARTS:
         part.load(run, state, path)
+
+
+# ---- the random generators, as weights_only-safe types -----------------------------------
+
+
+def capture_rng_state(device: torch.device) -> dict[str, Any]:
+    """RNG states as weights_only-safe types (tensors, tuples, ints), to resume exactly."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+    except ImportError:
+        pass
+    else:
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        state["numpy"] = (kind, torch.from_numpy(np.asarray(keys, np.int64)), pos, has_gauss, gauss)
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    """Inverse of `capture_rng_state`; a state the generators reject is a CheckpointError."""
+    try:
+        _restore_rng_state(state, device)
+    except (TypeError, ValueError, RuntimeError, KeyError, OverflowError) as error:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise CheckpointError(f"checkpoint holds a malformed random state ({first})") from None
+
+
+def _restore_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        try:
+            import numpy as np
+        except ImportError:
+            pass
+        else:
+            kind, keys, pos, has_gauss, cached = state["numpy"]
+            np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
