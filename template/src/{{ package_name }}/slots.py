@@ -28,6 +28,12 @@ extensions.py trains exactly as the template does. The slots, in extensions.py:
     def top5(logits, targets):
         return {"top5": (logits.topk(5, 1).indices == targets[:, None]).any(1).sum()}
 
+    @slots.set_metric(balanced)      # a metric of the whole validation set, not a mean per
+    def confusion(logits, targets):  #   sample: tensors of any fixed shape, summed over the
+        k = logits.shape[1]          #   batches and ranks, then `balanced(totals)` -> `val_...`
+        hits = torch.bincount(targets * k + logits.argmax(1), minlength=k * k)
+        return {"confusion": hits.view(k, k)}
+
     @slots.callback("after_step")    # after_step, after_validation, before_save, after_resume
     def note(run):                   #   each gets the loop's `Run` (training/loop.py)
         ...
@@ -86,6 +92,16 @@ class ModelSpec:
     memory: Callable[..., int] | None = None
 
 
+@dataclass(frozen=True)
+class SetMetric:
+    """A validation metric of the whole set: `update(logits, targets)` returns tensors of
+    fixed shapes (a confusion matrix's counts), summed over every batch and rank; `finish
+    (totals)` turns those totals into the metrics reported as `val_<name>`."""
+
+    update: Callable[..., dict[str, torch.Tensor]]
+    finish: Callable[[dict[str, torch.Tensor]], dict[str, float]]
+
+
 @dataclass
 class Registry:
     """Everything registered, by slot. `None` or empty: the template's default."""
@@ -96,6 +112,7 @@ class Registry:
     optimizer: Callable[..., torch.optim.Optimizer] | None = None
     train_metrics: list[Callable[..., dict[str, torch.Tensor]]] = field(default_factory=list)
     val_metrics: list[Callable[..., dict[str, torch.Tensor]]] = field(default_factory=list)
+    set_metrics: list[SetMetric] = field(default_factory=list)
     callbacks: dict[str, list[Callable[..., Any]]] = field(
         default_factory=lambda: {point: [] for point in POINTS}
     )
@@ -152,6 +169,19 @@ def val_metric(fn: F) -> F:
     """Register `metric(logits, targets) -> {name: sum over the batch}` for validation."""
     REGISTRY.val_metrics.append(fn)
     return fn
+
+
+def set_metric(finish: Callable[[dict[str, torch.Tensor]], dict[str, float]]) -> Callable[[F], F]:
+    """Register `update(logits, targets) -> {name: tensor of a fixed shape}` for validation,
+    whose totals over the whole set (all batches, all ranks; in float32, exact for counts up
+    to 2**24) `finish(totals) -> {name: float}` makes into `val_<name>`: a balanced accuracy,
+    a macro F1, anything a mean per sample cannot give. `training` and `evaluate` both run it."""
+
+    def register(update: F) -> F:
+        REGISTRY.set_metrics.append(SetMetric(update, finish))
+        return update
+
+    return register
 
 
 def callback(point: str) -> Callable[[F], F]:

@@ -24,6 +24,44 @@ from ..runtime import distributed
 from ..settings.base import ConfigError
 
 
+class SetTotals:
+    """The totals of the set-level validation metrics (slots.set_metric) over the batches
+    seen, on the device; `flat()` for the one all-reduce with the other sums, `finish` on
+    what came back."""
+
+    def __init__(self, metrics: list[Any]):
+        self.metrics = metrics
+        self.sums: list[dict[str, torch.Tensor]] = [{} for _ in metrics]
+
+    def add(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        for metric, sums in zip(self.metrics, self.sums, strict=True):
+            for name, value in metric.update(logits, targets).items():
+                value = torch.as_tensor(value, device=logits.device).float()
+                if name in sums and sums[name].shape != value.shape:
+                    raise ConfigError(
+                        f"the set metric {metric.update.__name__} (slots.set_metric) returned "
+                        f"{name!r} of shape {tuple(value.shape)} after "
+                        f"{tuple(sums[name].shape)}: each of its values needs a fixed shape"
+                    )
+                sums[name] = sums[name] + value if name in sums else value
+
+    def flat(self) -> list[torch.Tensor]:
+        return [sums[name].reshape(-1) for sums in self.sums for name in sorted(sums)]
+
+    def finish(self, reduced: torch.Tensor) -> dict[str, float]:
+        """Each metric's `finish` on its totals, read from `reduced` (`flat()`, all-reduced)."""
+        found: dict[str, float] = {}
+        at = 0
+        for metric, sums in zip(self.metrics, self.sums, strict=True):
+            totals = {}
+            for name in sorted(sums):
+                size = sums[name].numel()
+                totals[name] = reduced[at : at + size].view(sums[name].shape).cpu()
+                at += size
+            found.update({name: float(value) for name, value in metric.finish(totals).items()})
+        return found
+
+
 class Meter:
     """Sums of loss, correct predictions, samples and gradient norms over a log interval.
 
