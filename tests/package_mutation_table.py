@@ -219,6 +219,10 @@ TRAINING = [
     bug("every-stop-signal-exits-143", "runtime/stopping.py",
         "self.exit_code = 128 + signum", "self.exit_code = 128 + signal.SIGTERM",
         "test_checkpoint.py", "128_plus"),
+    bug("a-registered-schedule-skips-the-warm-up", "train.py",
+        "    return early if early is not None else float(factor(step, total, config))",
+        "    return float(factor(step, total, config))",
+        "test_slot_flags.py"),
     bug("an-import-error-inside-extensions-py-swallowed", "__init__.py",
         "        except ModuleNotFoundError as error:\n"
         "            if error.name != module:  # the file exists; an import inside it failed\n"

@@ -137,7 +137,8 @@ def model(
 
 def schedule(name: str) -> Callable[[F], F]:
     """Register `factor(step, total_steps, config) -> float` as `--lr-schedule NAME`: the
-    learning rate at optimizer step `step` is `--lr` times the factor."""
+    learning rate at optimizer step `step` is `--lr` times the factor, after the linear
+    warm-up of `--warmup-steps` that the template puts before every schedule."""
 
     def register(factor: F) -> F:
         REGISTRY.schedules[name] = factor

@@ -1,8 +1,9 @@
 """The learning-rate schedules `--lr-schedule` chooses, registered in the extension slots.
 
 Each is `factor(step, total_steps, config)`: the learning rate at optimizer step `step` is
-`--lr` times the factor. All start with `--warmup-steps` of linear warmup. A schedule of yours
-is registered the same way in extensions.py (`@slots.schedule("name")`, slots.py).
+`--lr` times the factor. All start with `--warmup-steps` of linear warmup: train.py applies it
+to every schedule, yours too, and these return the same ramp. A schedule of yours is
+registered the same way in extensions.py (`@slots.schedule("name")`, slots.py).
 """
 
 from __future__ import annotations
