@@ -58,7 +58,8 @@ def change_defaults(project: Path, defaults: dict[str, str]) -> None:
 # USER_DEFAULTS_RENDER's suite runs after a user added models of their own to model.py (other
 # parameter names: stem, blocks, head, embed, out; BatchNorm and GroupNorm; another width
 # rule), registered with @slots.model as the docs teach (`usernet` with no memory bound, and
-# `mixer`), made `usernet` the default in config.py, and added a metric in extensions.py. The
+# `mixer`), made `usernet` the default in config.py, unregistered the template's `cnn` and
+# `mlp`, and added a metric in extensions.py. The
 # whole fast suite runs: no generated test may assume the default model's names, shapes,
 # memory bound or learning speed. The edit to model.py is one string transformation,
 # `make_model_yours`.
@@ -181,9 +182,20 @@ def make_the_language_model_yours(project: Path) -> dict[Path, str]:
     return before
 
 
+TEMPLATE_MODELS = re.compile(r'^@slots\.model\("(cnn|mlp)".*\)\n', re.M)
+
+
+def without_the_template_models(text: str) -> str:
+    """model.py with the template's `cnn` and `mlp` no longer registered, as a user who
+    replaced them leaves it (their classes stay: a user's own code may still use them)."""
+    text, count = TEMPLATE_MODELS.subn("", text)
+    assert count == 2, "model.py: the template's cnn and mlp registrations were not found"
+    return text
+
+
 def make_it_yours(project: Path) -> None:
     (model,) = project.glob("src/*/model.py")
-    model.write_text(make_model_yours(model.read_text()))
+    model.write_text(make_model_yours(without_the_template_models(model.read_text())))
     (extensions,) = project.glob("src/*/extensions.py")
     extensions.write_text(add_a_metric(extensions.read_text()))
 
