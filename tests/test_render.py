@@ -63,10 +63,21 @@ def test_no_jinja_left_in_any_file(rendered, name):
 TASK_MODULES = {
     "image": {"vision/images.py", "vision/finetune.py", "vision/example_data.py", "predict.py",
               "vision/trained.py", "vision/trivial_augment.py", "vision/hub_models.py",
-              "vision/decode.py"},
+              "vision/decode.py", "benchmarks/workers.py", "benchmarks/augmentation.py",
+              "benchmarks/decoding.py"},
     "lm": {"language/text.py", "generate.py", "language/compress.py", "language/grid.py",
-           "language/tokenizer.py", "language/gpt2_format.py", "language/corpus.py"},
+           "language/tokenizer.py", "language/gpt2_format.py", "language/corpus.py",
+           "benchmarks/generation.py"},
 }  # fmt: skip
+# The settings only one task's Config has (issue 52, item 9): each render offers its own.
+TASK_SETTINGS = {
+    "image": {"image_size", "num_classes", "synthetic_noise", "augment", "trivial_augment",
+              "erase", "hf_model", "freeze", "smoothing", "backbone_lr_factor"},
+    "lm": {"seq_len", "depth", "heads", "position", "activation", "tokenizer", "vocab_size",
+           "text_field", "allow_corpus_change", "max_steps", "max_tokens", "eval_every"},
+}  # fmt: skip
+# Benchmark sections by number (benchmarks/cli.py's SECTIONS): the other task's are not listed.
+TASK_SECTIONS = {"image": {1, 11, 12}, "lm": {10}}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -78,6 +89,35 @@ def test_a_render_holds_only_its_own_task_s_modules(rendered, name):
     assert TASK_MODULES[task] <= modules and not TASK_MODULES[other] & modules
     sources = " ".join(path.read_text() for path in package.parent.rglob("*.py"))
     assert (task == "image") == ("ImageFolder" in sources), "image sources only in image renders"
+
+
+def annotated_fields(path: Path) -> set[str]:
+    """The names annotated in the classes of a module (a dataclass's fields and ClassVars)."""
+    classes = [node for node in ast.parse(path.read_text()).body if isinstance(node, ast.ClassDef)]
+    return {
+        item.target.id
+        for node in classes
+        for item in node.body
+        if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+    }
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_render_offers_only_its_own_task_s_settings_and_benchmark_sections(rendered, name):
+    task = MATRIX[name].get("task", "image")
+    other = "lm" if task == "image" else "image"
+    (package,) = (rendered[name] / "src").glob("*/__init__.py")
+    fields = annotated_fields(package.parent / "settings" / "base.py")
+    assert TASK_SETTINGS[task] <= fields and not TASK_SETTINGS[other] & fields, fields
+    cli = ast.parse((package.parent / "benchmarks" / "cli.py").read_text())
+    (sections,) = [
+        node.value
+        for node in cli.body
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "SECTIONS"
+    ]
+    assert isinstance(sections, ast.Dict)
+    numbers = {ast.literal_eval(key) for key in sections.keys if key is not None}
+    assert numbers == set(range(1, 13)) - TASK_SECTIONS[other], numbers
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -354,8 +354,8 @@ def check_compatible(state: dict[str, Any], config: dict[str, Any], path: Path) 
     # (`to_dict()`, written by hand or by a fork) compares the same way.
     saved, config = with_old_defaults(state["config"], config), flat_record(config)
     for name in RESUME_FIELDS:
-        if name not in MODEL_FIELDS and name not in config:  # a config of yours without it
-            continue
+        if name not in config:  # a setting this run lacks shapes nothing in it: a config of
+            continue  # yours without it, or image_size in a language model's old checkpoint
         if saved.get(name) != config.get(name):
             flag = "--" + name.replace("_", "-")
             raise CheckpointError(

@@ -266,8 +266,8 @@ def build_datasets(
     config: Config, files: list[Path] | None = None, tokenizer: Tokenizer | None = None
 ) -> tuple[Dataset[Any], Dataset[Any], DataInfo]:
     """(train, validation, info) for the language model from `files` (default: the corpus
-    of --data-dir) in `tokenizer`'s tokens (default: --tokenizer's); info.num_classes is the
-    vocabulary and info.image_size the window length (the sample shape, as for images)."""
+    of --data-dir) in `tokenizer`'s tokens (default: --tokenizer's); info.vocab_size is the
+    vocabulary and info.seq_len the window length."""
     if files is None:
         train, val, tokenizer, _ = corpus_streams(config, tokenizer)
     else:
@@ -286,7 +286,7 @@ def windows(
     span = config.model.seq_len + 1
     count = min(config.data.val_samples, len(val) // span)
     val_starts = torch.linspace(0, len(val) - span, max(count, 1)).long()
-    info = DataInfo(1, config.model.seq_len, tokenizer.vocab_size, in_memory=True)
+    info = DataInfo(seq_len=config.model.seq_len, vocab_size=tokenizer.vocab_size)
     return (
         EpochWindows(train, config.model.seq_len, config.data.train_samples, config.run.seed),
         Windows(val, config.model.seq_len, val_starts),
