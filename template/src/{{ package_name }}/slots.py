@@ -11,6 +11,17 @@ extensions.py trains exactly as the template does. The slots, in extensions.py:
     def smoothed(logits, targets):
         return torch.nn.functional.cross_entropy(logits, targets, label_smoothing=0.1)
 
+    @slots.training_loss             # training steps only (validation: the loss above);
+    def penalised(logits, targets, step):  # step.config, .inputs, .model, .step
+        l1 = sum(p.abs().sum() for p in step.model.parameters())
+        return torch.nn.functional.cross_entropy(logits, targets) + 1e-6 * l1
+
+    @slots.batch_transform("noisy")  # --batch-transform noisy: each training batch on the
+    def noisy(config, inputs, targets, draw):  # device (validation's stay as loaded)
+        noise = torch.randn(inputs.shape, generator=draw.generator(inputs.device),
+                            device=inputs.device)  # draw: seeded by (seed, step, micro, rank)
+        return inputs + 0.1 * noise, targets
+
     @slots.optimizer                 # (config, model, device) -> Optimizer; default: AdamW
     def sgd(config, model, device):
         return torch.optim.SGD(slots.param_groups(model, config.optim.weight_decay),
@@ -54,7 +65,9 @@ yours, config.py's `Config`, so they are flags and TOML keys):
         return ResNet(info.in_channels, info.num_classes, depth=config.resnet.depth)
 
 The template's own options are built on the same slots (the EMA of the weights, `--ema-decay`,
-and the schedules of `--lr-schedule`), in training/ema.py and training/schedules.py.
+the schedules of `--lr-schedule`, and an image project's `--batch-transform mixup|cutmix`), in
+training/ema.py, training/schedules.py and vision/mixing.py; training/batches.py applies the
+batch transform and the training loss.
 """
 
 from __future__ import annotations
@@ -109,6 +122,8 @@ class Registry:
     models: dict[str, ModelSpec] = field(default_factory=dict)
     schedules: dict[str, Callable[..., float]] = field(default_factory=dict)
     loss: Callable[..., torch.Tensor] | None = None
+    training_loss: Callable[..., torch.Tensor] | None = None
+    batch_transforms: dict[str, Callable[..., tuple[Any, Any]]] = field(default_factory=dict)
     optimizer: Callable[..., torch.optim.Optimizer] | None = None
     train_metrics: list[Callable[..., dict[str, torch.Tensor]]] = field(default_factory=list)
     val_metrics: list[Callable[..., dict[str, torch.Tensor]]] = field(default_factory=list)
@@ -151,6 +166,29 @@ def loss(fn: F) -> F:
     """Register `loss(logits, targets) -> scalar` (the batch mean) for training and validation."""
     REGISTRY.loss = fn
     return fn
+
+
+def training_loss(fn: F) -> F:
+    """Register `loss(logits, targets, step) -> scalar` (the batch mean) for training steps
+    only: `step` (training/batches.py's `LossInputs`) holds the run's `config`, the batch's
+    `inputs` (after any --batch-transform), the `model` the step runs and the `step`'s number.
+    Validation keeps `@slots.loss`, or the default cross-entropy."""
+    REGISTRY.training_loss = fn
+    return fn
+
+
+def batch_transform(name: str) -> Callable[[F], F]:
+    """Register `transform(config, inputs, targets, draw) -> (inputs, targets)` as
+    `--batch-transform NAME`: each training micro-batch, on the device after loading, goes
+    through it (validation's never do). `draw` (training/batches.py's `Draw`) gives its
+    randomness seeded by (--seed, step, micro-batch, rank), so a resumed run draws the same;
+    targets may come back as (N, C) class probabilities, which the default loss takes."""
+
+    def register(transform: F) -> F:
+        REGISTRY.batch_transforms[name] = transform
+        return transform
+
+    return register
 
 
 def optimizer(fn: F) -> F:

@@ -31,6 +31,7 @@ from ..checkpointing.state import Position
 from ..runtime import accelerator, distributed, exits, parallel
 from ..runtime.stopping import StopSignal
 from . import muon
+from .batches import labels_of, loss_of, transform_batch
 from .metrics import MetricsWriter, add_totals, extra_means, peak_memory, summarize
 from .run import Run
 from .task import blow_up_error, evaluate, step_is_finite
@@ -90,6 +91,8 @@ def train_step(run: Run, batches: Iterator[Any], stop: StopSignal) -> tuple[torc
             waited = time.perf_counter()
             inputs, targets = utils.to_device(next(batches), device)
             meter.data_time += time.perf_counter() - waited
+        # --batch-transform (mixup, cutmix, yours): on the device, seeded by step and micro.
+        inputs, targets = transform_batch(run, inputs, targets, run.global_step, micro)
         micro_batches.append((inputs, targets))
         # DDP all-reduces (FSDP reduce-scatters) gradients during backward; until the last
         # micro-batch of the step there is nothing worth reducing.
@@ -100,11 +103,12 @@ def train_step(run: Run, batches: Iterator[Any], stop: StopSignal) -> tuple[torc
         ):
             with record_function("forward"), accelerator.autocast(device, precision):
                 logits, labels = run.task.outputs(model, inputs, targets)
-                loss = run.loss_fn(logits, labels)
+                loss = loss_of(run, logits, labels, inputs)
             with record_function("backward"):
                 # Average over micro-batches: the gradient of one big batch.
                 scaler.scale(loss / accum if accum > 1 else loss).backward()
         step_losses.append(loss.detach())
+        labels = labels_of(labels, logits)  # soft targets: the largest share's class
         meter.add_batch(step_losses[-1], logits, labels)
         if run_metrics := slots.load().train_metrics:  # none registered: nothing to do
             with torch.no_grad():
@@ -244,13 +248,14 @@ def _kept(run: Run) -> str:
 
 def _batches_of(run: Run, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The micro-batches of optimizer step `step` (counted from 1), read again in the run's
-    order: the same samples (random augmentation draws anew)."""
+    order: the same samples (random augmentation draws anew; --batch-transform the same)."""
     epoch, index = divmod(step - 1, run.steps_per_epoch)
     run.sampler.set_epoch(epoch)
     run.sampler.start = index * run.samples_per_step
     batches = iter(run.train_loader)
     accum = run.config.optim.grad_accum_steps
-    return [utils.to_device(next(batches), run.device) for _ in range(accum)]
+    moved = [utils.to_device(next(batches), run.device) for _ in range(accum)]
+    return [transform_batch(run, x, y, step - 1, micro) for micro, (x, y) in enumerate(moved)]
 
 
 def log_progress(run: Run, writer: MetricsWriter, epoch: int, bar: tqdm[Any]) -> None:

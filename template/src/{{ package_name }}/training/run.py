@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ..config import Config
     from ..observability.mfu import Utilization
     from ..runtime import distributed
-    from .data_sources import ResumableSampler
+    from .data_sources import DataInfo, ResumableSampler
     from .loop import Guard
     from .metrics import Meter
     from .task import Task
@@ -62,6 +62,8 @@ class Run:
     record: dict[str, Any]  # metrics.run_record: the run's first metrics line, in checkpoints
     log: Callable[[str], None]  # console.log on rank 0, silent elsewhere
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # task.training_loss(config)
+    # (a @slots.training_loss takes the steps' place of it: training/batches.py's loss_of)
+    info: DataInfo | None = None  # the data's shapes: --batch-transform's soft targets' width
     # Where the run stands: saved in every checkpoint (checkpointing/state.py), restored on
     # resume, with the `@slots.state` objects (the EMA, yours) by name.
     epoch: int = 0  # the epoch to start (or resume) in
