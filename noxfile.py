@@ -31,6 +31,7 @@ interpreter running nox (it needs NO_VENV_MODULES below; see README, GPU checks)
 from __future__ import annotations
 
 import ast
+import atexit
 import contextlib
 import importlib.util
 import os
@@ -217,12 +218,33 @@ def _run(session: nox.Session, *args: str | Path, **kwargs: Any) -> Any:
     return session.run(Env.python, *map(str, args), env=env, external=True, **kwargs)
 
 
+class Renders:
+    """Where this nox run rendered each set of answers: the lint, typecheck and gpu sessions
+    render the same matrix entries from the same working tree, so the second render of the
+    same answers is a copy of the first (copier took seconds each, serially, on CI)."""
+
+    pristine: dict[str, Path] = {}  # noqa: RUF012 - one process-wide cache
+    folder: Path | None = None  # where the pristine copies are, removed when nox ends
+
+
 def _render(session: nox.Session, dest: Path, answers: dict[str, Any]) -> Path:
     """Render the working tree (uncommitted changes included) with the given answers."""
     shutil.rmtree(dest, ignore_errors=True)
+    key = repr(sorted(answers.items()))
+    if key in Renders.pristine:
+        session.log(f"{dest}: a copy of {Renders.pristine[key]}, the same answers rendered")
+        shutil.copytree(Renders.pristine[key], dest, symlinks=True)
+        return dest
     data = [f"--data={key}={value}" for key, value in answers.items()]
     _run(session, "-m", "copier", "copy", "--quiet", "--defaults", "--vcs-ref", "HEAD",
          *data, ROOT, dest)  # fmt: skip
+    # Kept as rendered (the sessions write into theirs: ruff's cache, runs, checkpoints).
+    if Renders.folder is None:
+        Renders.folder = Path(tempfile.mkdtemp(prefix="renders-", dir=BUILD))
+        atexit.register(shutil.rmtree, Renders.folder, ignore_errors=True)
+    pristine = Renders.folder / str(len(Renders.pristine)) / dest.name
+    shutil.copytree(dest, pristine, symlinks=True)
+    Renders.pristine[key] = pristine
     return dest
 
 
