@@ -31,17 +31,21 @@ interpreter running nox (it needs NO_VENV_MODULES below; see README, GPU checks)
 from __future__ import annotations
 
 import ast
+import atexit
 import contextlib
 import importlib.util
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import types
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import nox
 from nox.command import CommandFailed
@@ -128,9 +132,10 @@ CUDA_CHECK = ROOT / "template" / "src" / "{{ package_name }}" / "runtime/cuda_ch
 PY_VERSION = "import sys; print('%d.%d' % sys.version_info[:2])"
 # copier.yml's _min_copier_version: the `tests` session also runs the update tests on it.
 MIN_COPIER = "9.13.0"
-# The update tests rerun on it: check-update (the generated CI's job), a merge, a conflict found
-# and undone, the README left alone. The rest (history replay, rename, hand-edited answers,
-# real edits from the last release) run on the newest copier only, to keep CI time small.
+# The update tests of tests/test_update.py rerun on it: check-update (the generated CI's job),
+# a merge, a conflict found and undone, the README left alone. The rest (history replay,
+# rename, hand-edited answers, real edits from the last release) run on the newest copier only,
+# to keep CI time small.
 MIN_COPIER_TESTS = (
     "test_the_copier_under_test_is_the_one_expected or test_user_edits_survive "
     "or test_conflicts_renames_and_the_readme"
@@ -213,12 +218,33 @@ def _run(session: nox.Session, *args: str | Path, **kwargs: Any) -> Any:
     return session.run(Env.python, *map(str, args), env=env, external=True, **kwargs)
 
 
+class Renders:
+    """Where this nox run rendered each set of answers: the lint, typecheck and gpu sessions
+    render the same matrix entries from the same working tree, so the second render of the
+    same answers is a copy of the first (copier took seconds each, serially, on CI)."""
+
+    pristine: dict[str, Path] = {}  # noqa: RUF012 - one process-wide cache
+    folder: Path | None = None  # where the pristine copies are, removed when nox ends
+
+
 def _render(session: nox.Session, dest: Path, answers: dict[str, Any]) -> Path:
     """Render the working tree (uncommitted changes included) with the given answers."""
     shutil.rmtree(dest, ignore_errors=True)
+    key = repr(sorted(answers.items()))
+    if key in Renders.pristine:
+        session.log(f"{dest}: a copy of {Renders.pristine[key]}, the same answers rendered")
+        shutil.copytree(Renders.pristine[key], dest, symlinks=True)
+        return dest
     data = [f"--data={key}={value}" for key, value in answers.items()]
     _run(session, "-m", "copier", "copy", "--quiet", "--defaults", "--vcs-ref", "HEAD",
          *data, ROOT, dest)  # fmt: skip
+    # Kept as rendered (the sessions write into theirs: ruff's cache, runs, checkpoints).
+    if Renders.folder is None:
+        Renders.folder = Path(tempfile.mkdtemp(prefix="renders-", dir=BUILD))
+        atexit.register(shutil.rmtree, Renders.folder, ignore_errors=True)
+    pristine = Renders.folder / str(len(Renders.pristine)) / dest.name
+    shutil.copytree(dest, pristine, symlinks=True)
+    Renders.pristine[key] = pristine
     return dest
 
 
@@ -248,10 +274,11 @@ def tests(session: nox.Session) -> None:
     # (its fixtures are built once); tests/conftest.py gives each worker its own renders.
     # The slowest tests in the log: CI time is a budget (under 20 minutes on 2 cores).
     parallel = ["-n", "2", "--dist", "loadfile", "--no-loadscope-reorder"]
-    _run(session, "-m", "pytest", *parallel, "--durations=15", *session.posargs,
-         env=_torch_threads())  # fmt: skip
-    if not session.posargs:  # the whole suite: the update tests once more, on the oldest copier
-        _update_tests_on_min_copier(session)
+    with contextlib.ExitStack() as stack:
+        if not session.posargs:  # the whole suite: the update tests again, on the oldest copier
+            stack.enter_context(_min_copier_beside(session))
+        _run(session, "-m", "pytest", *parallel, "--durations=15", *session.posargs,
+             env=_torch_threads())  # fmt: skip
 
 
 def _torch_threads() -> dict[str, str]:
@@ -277,13 +304,54 @@ def update(session: nox.Session) -> None:
 def _update_tests_on_min_copier(session: nox.Session) -> None:
     """The fast update tests with copier==MIN_COPIER, installed once into build/ and put first
     on PYTHONPATH (so it shadows the environment's newer copier, dependencies included)."""
+    for args, env in _min_copier_steps():
+        _run(session, *args, env=env)
+
+
+def _min_copier_steps() -> list[tuple[list[str], dict[str, str]]]:
+    """_update_tests_on_min_copier's commands (arguments of python) and their environments."""
     target = BUILD / f"copier-{MIN_COPIER}"
+    steps: list[tuple[list[str], dict[str, str]]] = []
     if not (target / "copier" / "__init__.py").is_file():
         shutil.rmtree(target, ignore_errors=True)
-        _run(session, "-m", "pip", "install", "--quiet", "--target", target,
-             f"copier=={MIN_COPIER}")  # fmt: skip
+        install = ["-m", "pip", "install", "--quiet", "--target", str(target)]
+        steps.append(([*install, f"copier=={MIN_COPIER}"], {}))
     env = {"PYTHONPATH": str(target), "EXPECT_COPIER_VERSION": MIN_COPIER}
-    _run(session, "-m", "pytest", "-p", "no:cacheprovider", "-k", MIN_COPIER_TESTS, env=env)
+    # Only their module, and a temporary folder of its own: the suite may run beside them.
+    pytest = ["-m", "pytest", "-p", "no:cacheprovider", "--basetemp", str(BUILD / "min-copier")]
+    steps.append(([*pytest, "tests/test_update.py", "-k", MIN_COPIER_TESTS], env))
+    return steps
+
+
+@contextlib.contextmanager
+def _min_copier_beside(session: nox.Session) -> Iterator[None]:
+    """_update_tests_on_min_copier in processes of their own while the block runs (the suite's
+    two workers), their output printed after it. Run after the suite, the install and three
+    tests took a minute of CI in which one of its two cores had nothing to do."""
+    codes: list[int] = []
+
+    def steps(log: IO[str]) -> None:
+        for args, env in _min_copier_steps():
+            log.write(f"$ python {shlex.join(args)}\n")
+            log.flush()
+            done = subprocess.run([Env.python, *args], cwd=ROOT, stdout=log,
+                                  stderr=subprocess.STDOUT, env={**os.environ, **Env.run_env,
+                                  **env}, check=False)  # fmt: skip
+            codes.append(done.returncode)
+            if done.returncode:
+                return
+
+    with tempfile.TemporaryFile("w+") as log:
+        thread = threading.Thread(target=steps, args=(log,))
+        thread.start()
+        try:
+            yield
+        finally:
+            thread.join()
+            log.seek(0)
+            session.log(f"the update tests on copier {MIN_COPIER}, beside the suite:\n{log.read()}")
+    if any(codes) or not codes:
+        session.error(f"the update tests failed on copier {MIN_COPIER} (output above)")
 
 
 @nox.session(venv_backend="none", requires=["env"])

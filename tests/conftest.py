@@ -40,10 +40,11 @@ def rendered() -> dict[str, Path]:
 
 # The longest modules first, so two xdist workers finish together (a module runs whole on one
 # worker; `nox -s tests` passes --no-loadscope-reorder so this order is kept). Seconds on the
-# CI machine, roughly: the slow render ~400, package mutations ~400, the other renders ~250,
-# the update tests ~250, docs ~120, utils mutations ~140, the kept example ~110. The README
-# install (test_user_install: an image and an LM suite, then mypy, in an environment of their
-# own) took 1067 s on a 2-core machine at load 12, 280 s of CPU: not yet timed on CI.
+# CI machine, roughly (its log's slowest tests): the slow render ~320, the README install
+# (test_user_install) ~300, the other renders ~350, the kept example ~230, the package
+# mutations ~200 (306 before the mutation runner forked from a warmed, frozen parent), the
+# update tests ~150, docs ~110, utils mutations ~30. test_lm_mutations (~150, from 232) comes
+# early among the rest.
 LONGEST_FIRST = [
     "test_matrix_slow",
     "test_package_mutations",
@@ -77,7 +78,24 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     KILL_RATES.extend(getattr(node, "workeroutput", {}).get("kill_rates", []))
 
 
+# Seconds per module on each worker ("main" without xdist), in the order they ran.
+MODULE_SECONDS: dict[str, dict[str, float]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add a test's setup, call and teardown time to its module's, under its worker."""
+    node = getattr(report, "node", None)  # on the xdist controller: the worker that ran it
+    worker = getattr(getattr(node, "gateway", None), "id", "main")
+    module = report.nodeid.split("::")[0].rsplit("/", 1)[-1]
+    modules = MODULE_SECONDS.setdefault(worker, {})
+    modules[module] = modules.get(module, 0.0) + report.duration
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Print the mutation tests' kill rates, so CI's log shows them."""
+    """Print the mutation tests' kill rates and each worker's modules, so CI's log shows them
+    (a worker that ends long before the other is time LONGEST_FIRST could win back)."""
     for line in KILL_RATES:
         terminalreporter.write_line(line)
+    for worker, modules in sorted(MODULE_SECONDS.items()):
+        ran = ", ".join(f"{name} {seconds:.0f}" for name, seconds in modules.items())
+        terminalreporter.write_line(f"{worker}: {sum(modules.values()):.0f} s: {ran}")
