@@ -88,9 +88,11 @@ class Saver:
     last_save: float = field(default_factory=time.monotonic)
     staging: Staging = field(default_factory=lambda: Staging())
     dcp: Any = None  # an FSDP run's sharded_checkpoint.AsyncWrites, made on its first save
-    # --save-every-minutes under torchrun: every rank's verdict, agreed in the step's one
-    # all-reduce (loop.train_step, with the health flag and the stop request).
+    # --save-every-minutes under torchrun: the ranks' agreed "time is up" (loop.train_step,
+    # with the stop request, one step late: runtime/distributed.HostAgreement), and the
+    # number of saves so far, which tells a verdict asked before the latest save.
     agreed_late: bool = False
+    saves: int = 0
 
 
 def saver(run: Run) -> Saver:
@@ -127,9 +129,19 @@ def late(run: Run) -> bool:
     return plan.minutes is not None and time.monotonic() - plan.last_save >= 60 * plan.minutes
 
 
-def agree_late(run: Run, verdict: bool) -> None:
-    """Keep the ranks' agreed `late` verdict of this step for `due`."""
-    saver(run).agreed_late = verdict
+def agree_late(run: Run, verdict: bool, asked_after: int) -> None:
+    """Keep the ranks' agreed `late` verdict for `due`. It was asked a step ago, after
+    `asked_after` saves: a save since then restarted the clock, and the verdict is stale."""
+    plan = saver(run)
+    plan.agreed_late = verdict and asked_after == plan.saves
+
+
+def restart_clock(run: Run) -> None:
+    """A save was made (every rank calls this, the ranks that write nothing too): the
+    --save-every-minutes clock starts again, and agreed verdicts asked before are stale."""
+    plan = saver(run)
+    plan.last_save = time.monotonic()
+    plan.saves += 1
 
 
 def target(run: Run) -> Path:
@@ -148,7 +160,6 @@ def save_file(run: Run, state: dict[str, Any], improved: bool) -> None:
         if failure is not None:
             raise failure
     path, last, best = target(run), run.last_path, run.best_path if improved else None
-    plan.last_save = time.monotonic()
     if plan.writer is None:
         write_file(state, path, last, best, plan.keep)
         return
@@ -183,7 +194,6 @@ def save_sharded(run: Run, state: dict[str, Any], improved: bool) -> None:
             staged, path, run.raw_model, run.optimizer, plan.dcp, is_main=run.ctx.is_main,
             device=run.device,
         )  # fmt: skip
-        plan.last_save = time.monotonic()
         main = run.ctx.is_main
 
         def job() -> None:
@@ -194,7 +204,6 @@ def save_sharded(run: Run, state: dict[str, Any], improved: bool) -> None:
         plan.writer.submit(job)
         return
     sharded_checkpoint.save(state, path, run.raw_model, run.optimizer, best, run.ctx, run.device)
-    plan.last_save = time.monotonic()
     if path == last:
         return
 

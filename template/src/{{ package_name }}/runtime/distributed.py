@@ -11,6 +11,7 @@ import datetime
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,3 +181,51 @@ def any_rank(flag: bool, device: torch.device) -> bool:
     if not (dist.is_available() and dist.is_initialized()):
         return flag
     return bool(all_reduce(torch.tensor(float(flag), device=device), op="max"))
+
+
+class HostAgreement:
+    """Flags of the host that every rank must act on at the same step (a stop request,
+    --save-every-minutes' "time is up"), agreed without waiting for the device.
+
+    Under torchrun each call starts a max all-reduce of this rank's flags, asynchronously, on
+    a CPU buffer of a gloo group of its own (a CPU collective is no device sync; an NCCL
+    run's default group has no CPU backend), and returns the verdict of the previous call,
+    started a step earlier and by then done on every rank: the ranks act on a flag one step
+    after one of them raised it, all at the same step, and the step never waits for the GPU.
+    A verdict read at every step on the device instead (Megatron's signal handler and its
+    --exit-duration-in-mins do that) would stop the host from queueing the next step while
+    the device works. In one process the flags are the verdict at once. `tag` travels with
+    the flags: the caller tells by it a verdict that something since made stale.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.buffer = torch.zeros(size)  # host memory: reading it waits for no device work
+        self.group: Any = None
+        self._work: Any = None
+        self._tag: Any = None
+
+    def exchange(
+        self, flags: Sequence[bool], tag: Any = None
+    ) -> tuple[tuple[bool, ...], Any] | None:
+        """Start agreeing on `flags`; (the verdict, the tag) of the previous call, None at
+        the first. In one process: `flags` and `tag` themselves."""
+        if not enabled():
+            return tuple(flags), tag
+        verdict = self.finish()
+        if self.group is None:  # every rank's first call: the same point of every rank's run
+            self.group = dist.new_group(backend="gloo", timeout=collective_timeout())
+        self.buffer.copy_(torch.tensor(flags, dtype=self.buffer.dtype))
+        self._work = dist.all_reduce(
+            self.buffer, op=dist.ReduceOp.MAX, group=self.group, async_op=True
+        )
+        self._tag = tag
+        return verdict
+
+    def finish(self) -> tuple[tuple[bool, ...], Any] | None:
+        """Wait for the agreement in flight (every rank started it); its verdict and tag, or
+        None when none is in flight."""
+        if self._work is None:
+            return None
+        self._work.wait()
+        self._work = None
+        return tuple(value > 0 for value in self.buffer.tolist()), self._tag

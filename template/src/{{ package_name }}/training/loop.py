@@ -122,29 +122,26 @@ def train_step(run: Run, batches: Iterator[Any], stop: StopSignal) -> tuple[torc
             optimizer=optimizer,
         )
     # The health flag: the loss and the norm share one flag (one kernel). Under fp16 an inf
-    # gradient is routine (GradScaler skips that step), so only the loss counts there. Under
-    # torchrun (and with --detect-anomaly) it is read here, once, with the stop request and
-    # --save-every-minutes' clock in the step's one all-reduce, and a blow-up stops BEFORE
-    # the update. In one process nothing is read: a non-finite step (and every one after it)
-    # is skipped on the device, and `check_health` stops the run at the next log step.
+    # gradient is routine (GradScaler skips that step), so only the loss counts there. It is
+    # not read here: a non-finite step (and every one after it) is skipped on the device,
+    # and `check_health` stops the run at the next log step. Under torchrun the ranks agree
+    # on it on the device first (one more tiny all-reduce, no read), so all skip together;
+    # with --detect-anomaly it is read here, and a blow-up stops BEFORE the update.
     with record_function("sync"):
         step_loss = step_losses[0] if accum == 1 else torch.stack(step_losses).sum()
         healthy = step_is_finite(step_loss, grad_norm, scaler)
-        now = run.ctx.enabled or config.log.detect_anomaly
-        # --save-every-minutes under torchrun: "time is up" is agreed on in the same read.
-        late = run.ctx.enabled and step_checkpoints.late(run)
-        blew_up, stop_now, late = _agree(
-            healthy if now else None, stop.signum is not None, late, run.ctx, device
-        )
         if run.ctx.enabled:
-            step_checkpoints.agree_late(run, late)
-        skip = None if now else _record(run, healthy, step_loss / accum, grad_norm)
-    if blew_up:  # every rank got here: the verdict was all-reduced
-        kept = _kept(run)
-        raise blow_up_error(
-            run.task, raw_model, micro_batches, precision, device, step_loss / accum,
-            grad_norm, run.global_step + 1, kept,
-        )  # fmt: skip
+            healthy = distributed.all_reduce((~healthy).float(), op="max") == 0
+        skip = None
+        if not config.log.detect_anomaly:
+            skip = _record(run, healthy, step_loss / accum, grad_norm)
+        elif not bool(healthy):  # every rank got here: the verdict was all-reduced
+            kept = _kept(run)
+            raise blow_up_error(
+                run.task, raw_model, micro_batches, precision, device, step_loss / accum,
+                grad_norm, run.global_step + 1, kept,
+            )  # fmt: skip
+        stop_now = _agree(run, stop)
     with record_function("optimizer"):
         _update(run, skip)
         scaler.update()
@@ -156,28 +153,32 @@ def train_step(run: Run, batches: Iterator[Any], stop: StopSignal) -> tuple[torc
     return step_loss, stop_now
 
 
-def _agree(
-    healthy: torch.Tensor | None,
-    stop: bool,
-    late: bool,
-    ctx: distributed.Context,
-    device: torch.device,
-) -> tuple[bool, bool, bool]:
-    """Read the step's health flag (None: left to the device, see `_record`); under DDP every
-    rank must reach the same verdict.
+def _agree(run: Run, stop: StopSignal) -> bool:
+    """Whether every rank stops after this step; keeps --save-every-minutes' agreed "time
+    is up" for `step_checkpoints.due`.
 
-    A rank that stopped alone would leave the others waiting forever in the next all-reduce,
-    so the flag, the stop request and --save-every-minutes' "time is up" travel together in
-    one small all-reduce (max): one collective and one read per step, however many flags.
+    A rank that stopped alone would leave the others waiting forever in the next collective,
+    so under torchrun the ranks agree on both requests on the host, one step late
+    (distributed.HostAgreement: no device sync): a stop or a timed save comes one step after
+    a rank asked for it, on every rank at the same step. In one process, at once.
     """
-    if not ctx.enabled:
-        return healthy is not None and not bool(healthy), stop, late
-    if healthy is None:
-        raise ValueError("under torchrun the health flag is agreed at every step")
-    requests = [torch.full((), flag, device=device) for flag in (stop, late)]  # no copy
-    flags = torch.stack([~healthy, *requests]).float()
-    blew_up, stop_all, late_all = distributed.all_reduce(flags, op="max").tolist()
-    return blew_up > 0, stop_all > 0, late_all > 0
+    if run.agreement is None:
+        run.agreement = distributed.HostAgreement(2)
+    late = run.ctx.enabled and step_checkpoints.late(run)
+    asked = (stop.signum is not None, late)
+    verdict = run.agreement.exchange(asked, step_checkpoints.saver(run).saves)
+    if verdict is None:  # torchrun's first step: nothing agreed yet
+        return False
+    (stop_all, late_all), asked_after = verdict
+    if run.ctx.enabled:
+        step_checkpoints.agree_late(run, late_all, asked_after)
+    return stop_all
+
+
+def settle(run: Run) -> None:
+    """Wait for the ranks' agreement in flight, if any (the run's end, also on an error)."""
+    if run.agreement is not None:
+        run.agreement.finish()
 
 
 def _record(
@@ -384,5 +385,6 @@ def save_checkpoint(
             step_checkpoints.save_file(run, snapshot(run, epoch, samples, totals), improved)
         except SaveError as error:
             failure = error
+    step_checkpoints.restart_clock(run)  # on every rank: rank 0 alone writes a single file
     if distributed.any_rank(failure is not None, device):
         raise failure or SaveError("rank 0 could not write the checkpoint; see its message")

@@ -74,7 +74,9 @@ class Run:
     result: dict[str, Any] = field(default_factory=dict)  # the last epoch's metrics
     states: dict[str, slots.Stateful] = field(default_factory=dict)
     saver: Saver | None = None  # --save-every, --keep-last, the background writer
-    guard: Guard | None = None  # the non-finite guard's device-side record (one process)
+    guard: Guard | None = None  # the non-finite guard's device-side record
+    # The stop request and --save-every-minutes' time, agreed by the ranks (loop.train_step)
+    agreement: distributed.HostAgreement | None = None
 
     @property
     def device(self) -> torch.device:
