@@ -46,8 +46,8 @@ extensions.py trains exactly as the template does. The slots, in extensions.py:
         return {"confusion": hits.view(k, k)}
 
     @slots.callback("after_step")    # after_step, after_validation, before_save, after_resume
-    def note(run):                   #   each gets the loop's `Run` (training/loop.py)
-        ...
+    def note(run):                   #   each gets the loop's `Run` (training/run.py); after a
+        ...                          #   step, run.batches holds its micro-batches on the device
 
     @slots.state("my_counter")       # (run) -> an object with state_dict()/load_state_dict():
     def counter(run):                #   saved in every checkpoint, restored on resume; the

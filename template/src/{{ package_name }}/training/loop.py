@@ -149,7 +149,9 @@ def train_step(run: Run, batches: Iterator[Any], stop: StopSignal) -> tuple[torc
         run.scheduler.step()
     run.global_step += 1
     meter.add_step(grad_norm)
+    run.batches = micro_batches
     slots.run_callbacks("after_step", run)
+    run.batches = []
     return step_loss, stop_now
 
 

@@ -64,6 +64,9 @@ class Run:
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # task.training_loss(config)
     # (a @slots.training_loss takes the steps' place of it: training/batches.py's loss_of)
     info: DataInfo | None = None  # the data's shapes: --batch-transform's soft targets' width
+    # The step's micro-batches (inputs, targets) on the device, after --batch-transform: what
+    # an after_step callback sees of the batch (empty outside it, so no batch outlives its step)
+    batches: list[tuple[Any, Any]] = field(default_factory=list)
     # Where the run stands: saved in every checkpoint (checkpointing/state.py), restored on
     # resume, with the `@slots.state` objects (the EMA, yours) by name.
     epoch: int = 0  # the epoch to start (or resume) in
