@@ -74,7 +74,7 @@ TRAINING = [
         '    slots.run_callbacks("after_step", run)\n', "",
         "test_slots.py", "callbacks or ema"),
     bug("a-registered-state-saved-but-not-restored", "checkpointing/state.py",
-        'checkpoint.load_state_into(part, saved[name], f"{name!r} state", path)', "pass",
+        'checkpoint.load_state_into(part, own, f"{name!r} state", path)', "pass",
         "test_slots.py", "round_trips or ema"),
     bug("ema-not-used-for-validation", "training/loop.py",
         "chosen = pick(run) or chosen", "pick(run)",

@@ -99,7 +99,7 @@ def test_a_deleted_template_file_stays_deleted_and_benchmarks_still_update(templ
     git(project, "rm", "-q", f"src/{PACKAGE}/benchmark.py")
     git(project, "commit", "-q", "-m", "no benchmark script")
     package = template / "template" / "src" / "{{ package_name }}"
-    for name in ("benchmark.py", "benchmarks/__init__.py"):
+    for name in ("benchmark.py", "benchmarks/__init__.py.jinja"):
         path = package / name
         path.write_text("# a change of the next release\n" + path.read_text())
     git(template, "commit", "-q", "-am", "release v1.1.0")

@@ -132,6 +132,7 @@ class Registry:
         default_factory=lambda: {point: [] for point in POINTS}
     )
     states: dict[str, Callable[..., Stateful | None]] = field(default_factory=dict)
+    per_rank_states: set[str] = field(default_factory=set)  # of `states`: each rank's own
     validation_models: list[Callable[..., nn.Module | None]] = field(default_factory=list)
 
 
@@ -235,12 +236,19 @@ def callback(point: str) -> Callable[[F], F]:
     return register
 
 
-def state(name: str) -> Callable[[F], F]:
+def state(name: str, *, per_rank: bool = False) -> Callable[[F], F]:
     """Register `factory(run) -> Stateful | None`, made once per run: its `state_dict()` rides
-    in every checkpoint under `name` and is loaded back on resume (None: nothing to keep)."""
+    in every checkpoint under `name` and is loaded back on resume (None: nothing to keep).
+    Under torchrun rank 0's is saved, for a state every rank holds alike; `per_rank=True`
+    saves every rank's (what each rank saw of its own data) and gives each rank its own back
+    on resume; on another number of ranks they start afresh, and one line says so."""
 
     def register(factory: F) -> F:
         REGISTRY.states[name] = factory
+        if per_rank:
+            REGISTRY.per_rank_states.add(name)
+        else:
+            REGISTRY.per_rank_states.discard(name)
         return factory
 
     return register

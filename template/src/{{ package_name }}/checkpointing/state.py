@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .. import slots
+from ..runtime import distributed
 from . import checkpoint
 from . import sharded as sharded_checkpoint
 from .checkpoint import CheckpointError
@@ -35,6 +36,9 @@ class Position:
     epoch: int
     samples_in_epoch: int
     totals: dict[str, float]
+    # Each `@slots.state(..., per_rank=True)`'s state dicts by rank, gathered from every rank
+    # before the save (loop.save_checkpoint): rank 0 alone writes a single-file checkpoint.
+    rank_states: dict[str, list[Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,18 @@ def _load_progress(run: Run, state: dict[str, Any], path: Path) -> None:
 
 
 def _save_states(run: Run, at: Position) -> dict[str, Any]:
-    return {"states": {name: part.state_dict() for name, part in run.states.items()}}
+    saved = {name: part.state_dict() for name, part in run.states.items()}
+    return {"states": saved | {name: {"per_rank": every} for name, every in at.rank_states.items()}}
+
+
+def gather_rank_states(run: Run) -> dict[str, list[Any]]:
+    """Every rank's state of each per-rank `@slots.state` (a collective: all ranks call it)."""
+    per_rank = slots.load().per_rank_states
+    return {
+        name: distributed.gather_objects(part.state_dict())
+        for name, part in run.states.items()
+        if name in per_rank
+    }
 
 
 def _load_states(run: Run, state: dict[str, Any], path: Path) -> None:
@@ -137,9 +152,28 @@ def _load_states(run: Run, state: dict[str, Any], path: Path) -> None:
         if name not in saved:
             run.log(f"{path} holds no {name!r} state (off when it was saved): starting it fresh")
             continue
-        checkpoint.load_state_into(part, saved[name], f"{name!r} state", path)
+        own = _own_share(run, name, saved[name], path)
+        if own is not None:
+            checkpoint.load_state_into(part, own, f"{name!r} state", path)
     for name in sorted(set(saved) - set(run.states)):
         run.log(f"{path} holds a {name!r} state this run does not keep (off now): left out")
+
+
+def _own_share(run: Run, name: str, saved: Any, path: Path) -> Any:
+    """This rank's share of a per-rank state (each rank saved its own), None where the
+    checkpoint was saved by another number of ranks; a state saved once is every rank's."""
+    if not (isinstance(saved, dict) and set(saved) == {"per_rank"}):
+        return saved
+    every, world = saved["per_rank"], run.ctx.world_size
+    if not isinstance(every, list):
+        raise CheckpointError(f"checkpoint {path} is malformed: {name!r}'s states are not a list")
+    if len(every) != world:
+        run.log(
+            f"{path} holds {name!r} states of {len(every)} ranks and this run has {world}: "
+            f"starting {name!r} fresh on every rank"
+        )
+        return None
+    return every[run.ctx.rank]
 
 
 PARTS: list[Part] = [

@@ -163,6 +163,27 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     return tensor
 
 
+def gather_objects(value: Any) -> list[Any]:
+    """Every rank's `value` (a state dict: its tensors copied to the CPU first), by rank; a
+    one-element list in a single process. A collective: every rank must call it."""
+    value = _on_cpu(value)
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    found: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(found, value)
+    return found
+
+
+def _on_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {key: _on_cpu(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_cpu(item) for item in value)
+    return value
+
+
 def broadcast_buffers(model: nn.Module) -> None:
     """Copy rank 0's buffers (BatchNorm running statistics) to every rank.
 

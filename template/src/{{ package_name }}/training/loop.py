@@ -351,9 +351,16 @@ def validation_model(run: Run) -> nn.Module:
     return chosen
 
 
-def snapshot(run: Run, epoch: int, samples_in_epoch: int, totals: dict[str, float]) -> dict:
+def snapshot(
+    run: Run,
+    epoch: int,
+    samples_in_epoch: int,
+    totals: dict[str, float],
+    rank_states: dict[str, list[Any]] | None = None,
+) -> dict:
     """Everything needed to continue exactly from here (checkpointing/state.py's parts)."""
-    return checkpoint_state.snapshot(run, Position(epoch, samples_in_epoch, totals))
+    at = Position(epoch, samples_in_epoch, totals, rank_states or {})
+    return checkpoint_state.snapshot(run, at)
 
 
 def save_checkpoint(
@@ -379,12 +386,13 @@ def save_checkpoint(
             step=run.global_step,
         )
     failure = None
+    ranks = checkpoint_state.gather_rank_states(run)  # every rank's per-rank @slots.state
     # checkpointing/steps.py: which file (--keep-last), now or on a thread (--save-in-background)
     if run.sharded:  # every rank writes its shards; a failure raises on every rank
-        step_checkpoints.save_sharded(run, snapshot(run, epoch, samples, totals), improved)
+        step_checkpoints.save_sharded(run, snapshot(run, epoch, samples, totals, ranks), improved)
     elif run.ctx.is_main:
         try:
-            step_checkpoints.save_file(run, snapshot(run, epoch, samples, totals), improved)
+            step_checkpoints.save_file(run, snapshot(run, epoch, samples, totals, ranks), improved)
         except SaveError as error:
             failure = error
     step_checkpoints.restart_clock(run)  # on every rank: rank 0 alone writes a single file
