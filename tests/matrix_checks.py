@@ -132,6 +132,157 @@ def extra_metrics(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torc
 """
 
 
+# ---- A researcher's registrations (issue 52, item 7's Done-when) ----
+# USER_DEFAULTS_RENDER's extensions.py also gets what a researcher registers, in user files
+# only: a focal loss for training driven by a flag of its own (config.py's `focal_gamma`), AdamW
+# with a head/backbone split at a rate of its own flag (`head_lr_mult`), a one-cycle schedule and
+# a batch transform, both made the defaults, a balanced accuracy over the whole validation set,
+# and per-class counts kept per rank in every checkpoint, with a line per epoch. The whole fast
+# suite then runs: the template's tests that need the template's defaults set them themselves.
+USER_SETTINGS = """
+    focal_gamma: float = field(default=2.0, metadata={"help": "focal loss exponent"})
+    head_lr_mult: float = field(default=10.0, metadata={"help": "the head's rate over --lr"})
+"""
+
+USER_RESEARCH = """
+
+@slots.training_loss
+def focal(logits: torch.Tensor, targets: torch.Tensor, step: Any) -> torch.Tensor:
+    \"\"\"Focal loss, -(1 - p)^gamma log p of the label (--focal-gamma), for training steps.\"\"\"
+    log_p = torch.log_softmax(logits.float(), 1)
+    if targets.dim() == 2:  # class probabilities: a transform's soft targets
+        return -(targets * (1 - log_p.exp()) ** step.config.focal_gamma * log_p).sum(1).mean()
+    picked = log_p.gather(1, targets[:, None]).squeeze(1)
+    return -((1 - picked.exp()) ** step.config.focal_gamma * picked).mean()
+
+
+@slots.optimizer
+def head_and_backbone(config: Any, model: torch.nn.Module, device: torch.device) -> Any:
+    \"\"\"AdamW with the last layer at --head-lr-mult x --lr and the rest at --lr.\"\"\"
+    named = list(model.named_parameters())
+    last = named[-1][0].rpartition(".")[0]
+    head = [p for n, p in named if n.rpartition(".")[0] == last]
+    body = [p for n, p in named if n.rpartition(".")[0] != last]
+    lr = config.optim.lr
+    groups = [{"params": body, "lr": lr}, {"params": head, "lr": lr * config.head_lr_mult}]
+    return torch.optim.AdamW(
+        [g for g in groups if g["params"]], lr=lr, weight_decay=config.optim.weight_decay
+    )
+
+
+@slots.schedule("onecycle")
+def one_cycle(step: int, total: int, config: Any) -> float:
+    \"\"\"Up to --lr over the first 30% of the steps, then down to nothing, both cosine.\"\"\"
+    peak = max(1, int(0.3 * total))
+    if step < peak:
+        return 0.5 * (1 - math.cos(math.pi * (step + 1) / peak))
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - peak) / max(1, total - peak))))
+
+
+@slots.batch_transform("jitter")
+def jitter(config: Any, inputs: torch.Tensor, targets: torch.Tensor, draw: Any) -> Any:
+    \"\"\"Each training image shifted in brightness by up to 0.1, drawn per batch.\"\"\"
+    shift = torch.rand(
+        inputs.shape[0], 1, 1, 1, generator=draw.generator(inputs.device), device=inputs.device
+    )
+    return inputs + (0.2 * shift - 0.1).to(inputs.dtype), targets
+
+
+def balanced(totals: dict[str, torch.Tensor]) -> dict[str, float]:
+    \"\"\"The mean over classes of each class's recall (classes never seen left out).\"\"\"
+    confusion = totals["confusion"]
+    seen = confusion.sum(1) > 0
+    recall = confusion.diagonal()[seen] / confusion.sum(1)[seen]
+    return {"balanced_acc": float(recall.mean()) if seen.any() else 0.0}
+
+
+@slots.set_metric(balanced)
+def confusion(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    k = logits.shape[1]
+    counts = torch.bincount(targets * k + logits.argmax(1), minlength=k * k)
+    return {"confusion": counts.view(k, k).float()}
+
+
+class ClassCounts:
+    \"\"\"How many training samples of each class this rank has seen.\"\"\"
+
+    def __init__(self, classes: int) -> None:
+        self.counts = torch.zeros(classes, dtype=torch.int64)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"counts": self.counts.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.counts = state["counts"].clone()
+
+
+@slots.state("class_counts", per_rank=True)
+def class_counts(run: Any) -> ClassCounts:
+    return ClassCounts(run.info.num_classes)
+
+
+@slots.callback("after_step")
+def count_classes(run: Any) -> None:
+    counts = run.states["class_counts"]
+    for _, targets in run.batches:
+        labels = targets.argmax(1) if targets.dim() == 2 else targets
+        counts.counts += torch.bincount(labels.cpu(), minlength=len(counts.counts))
+
+
+@slots.callback("after_validation")
+def a_line_per_epoch(run: Any) -> None:
+    seen = run.states["class_counts"].counts
+    run.log(f"seen per class so far: {seen.tolist()}")
+"""
+RESEARCH_DEFAULTS = {"lr_schedule": '"onecycle"', "batch_transform": '"jitter"'}
+# The template's flags that the registrations above make moot: each is refused in one line.
+MOOT_FLAGS = [
+    ["--smoothing", "0.1"],  # the focal loss replaces the smoothed cross-entropy
+    ["--backbone-lr-factor", "0.1"],  # the optimizer splits its own groups
+    ["--matrix-optimizer", "muon"],  # the optimizer is the user's
+]
+
+MOOT_CHECK = """
+import sys
+from {package}.config import parse_config
+
+for flags in {flags!r}:
+    try:
+        parse_config(flags)
+    except SystemExit as stop:
+        assert stop.code == 2, (flags, stop.code)
+    else:
+        raise AssertionError(f"{{flags}} was accepted beside the registrations that drop it")
+    print("--", flush=True)
+"""
+
+
+def moot_flags_are_refused(project: Path, package: str) -> None:
+    """Each of MOOT_FLAGS, given to the researcher's project, exits 2 with one error line that
+    names the flag and the registration it is moot beside."""
+    code = MOOT_CHECK.format(package=package, flags=MOOT_FLAGS)
+    result = run([sys.executable, "-c", code], project)
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == len(MOOT_FLAGS), result.stderr
+    for flags, line in zip(MOOT_FLAGS, errors, strict=True):
+        assert flags[0] in line and "@slots." in line, (flags, line)
+
+
+def add_research(project: Path) -> None:
+    """A researcher's settings in config.py and registrations in extensions.py (above)."""
+    (config,) = project.glob("src/*/config.py")
+    text = config.read_text()
+    validate = "\n    def validate(self) -> None:\n"
+    assert text.count(validate) == 1, f"{config}: no `validate` to add fields before"
+    config.write_text(text.replace(validate, USER_SETTINGS + validate))
+    (extensions,) = project.glob("src/*/extensions.py")
+    text = extensions.read_text()
+    imports = "import torch\n"
+    assert text.count(imports) == 1, f"{extensions}: no `import torch` line"
+    header = "import math\nfrom typing import Any\n\n" + imports + "\nfrom . import slots\n"
+    extensions.write_text(text.replace(imports, header) + USER_RESEARCH)
+
+
 def make_model_yours(text: str, user_model: str = USER_MODEL) -> str:
     """model.py with the user's classes and registrations after the template's (its imports
     give them `slots`, `Config` and `DataInfo`)."""
@@ -198,15 +349,18 @@ def make_it_yours(project: Path) -> None:
     model.write_text(make_model_yours(without_the_template_models(model.read_text())))
     (extensions,) = project.glob("src/*/extensions.py")
     extensions.write_text(add_a_metric(extensions.read_text()))
+    add_research(project)
 
 
 def installs_and_passes_its_cpu_suite(project: Path, name: str) -> None:
     tests = list(PARTIAL_SUITES.get(name, []))
     if name == USER_DEFAULTS_RENDER:
-        change_defaults(project, USER_DEFAULTS)
+        change_defaults(project, {**USER_DEFAULTS, **RESEARCH_DEFAULTS})
         make_it_yours(project)
     as_made = make_the_language_model_yours(project) if name == USER_LM_RENDER else {}
     check_project(project, slow=False, python_version=MATRIX[name]["python_version"], tests=tests)
+    if name == USER_DEFAULTS_RENDER:
+        moot_flags_are_refused(project, package_name(MATRIX[name]))
     for path, text in as_made.items():  # the slow files and the epoch: the render as made
         path.write_text(text)
     if name == SLOW_RENDER:  # the whole suite's slow tests
