@@ -104,7 +104,7 @@ def shard(model: nn.Module, device: torch.device, precision: str = "fp32") -> No
         for module in model.modules():
             if isinstance(module, nn.modules.batchnorm._BatchNorm):
                 fully_shard(module, mesh=mesh)  # its own unit, fp32 parameters
-    own = list(model._forward_pre_hooks)  # e.g. the image model's input normalisation
+    own = list(model._forward_pre_hooks)  # the model's own, added when it was built
     for unit in units(model):
         fully_shard(unit, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,11 +76,14 @@ class Normalization:
 
 
 def attach(model: nn.Module, normalization: Normalization | None) -> nn.Module:
-    """`model` normalising its inputs by `normalization` (nothing for none or the identity,
-    which change no value): its buffers set, and the hook added once."""
-    if normalization is None or normalization == Normalization.identity(len(normalization.mean)):
+    """`model` normalising its inputs by `normalization`: its buffers set, and the hook added
+    once. None, or the identity on a model without one, leaves it as it is (no kernel that
+    changes no value)."""
+    if normalization is None:
         return model
     attached = isinstance(getattr(model, MEAN, None), torch.Tensor)
+    if not attached and normalization == Normalization.identity(len(normalization.mean)):
+        return model
     for name, values in ((MEAN, normalization.mean), (STD, normalization.std)):
         tensor = torch.tensor(values, dtype=torch.float32).view(1, -1, 1, 1)
         model.register_buffer(name, tensor, persistent=False)
@@ -102,7 +106,7 @@ def normalize_inputs(model: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]
 
 
 def normalization_for(
-    config: Any, train: Dataset[Any], key: str | None, say: Any
+    config: Any, train: Dataset[Any], key: str | None, say: Callable[[str], None]
 ) -> Normalization | None:
     """The data's normalisation: a `--model hf`'s own (from its preprocessor config), else
     the one measured on `train` (cached under `key`), else none (`key` None: synthetic data)."""
