@@ -136,7 +136,7 @@ IMAGES_AND_OUTSIDERS = [
         "test_images.py", "augmentation_follows_seed"),
     # ---- the recipe of issue 38: TrivialAugment, random erasing, a crop without the flip ----
     bug("erase-fills-zeros-not-the-mean", "vision/images.py",
-        'getattr(data, "erase", 0.0), tuple(mean)', 'getattr(data, "erase", 0.0), None',
+        "        normalization.mean,\n", "        None,\n",
         "test_images.py", "recipe_s_settings"),
     bug("trivial-never-draws-the-last-operation", "vision/trivial_augment.py",
         "op = TRIVIAL_OPS[min(int(pick * len(TRIVIAL_OPS)), len(TRIVIAL_OPS) - 1)]",
