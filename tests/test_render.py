@@ -63,8 +63,8 @@ def test_no_jinja_left_in_any_file(rendered, name):
 TASK_MODULES = {
     "image": {"vision/images.py", "vision/finetune.py", "vision/example_data.py", "predict.py",
               "vision/trained.py", "vision/trivial_augment.py", "vision/hub_models.py",
-              "vision/decode.py", "benchmarks/workers.py", "benchmarks/augmentation.py",
-              "benchmarks/decoding.py"},
+              "vision/decode.py", "vision/normalization.py", "benchmarks/workers.py",
+              "benchmarks/augmentation.py", "benchmarks/decoding.py"},
     "lm": {"language/text.py", "generate.py", "language/compress.py", "language/grid.py",
            "language/tokenizer.py", "language/gpt2_format.py", "language/corpus.py",
            "benchmarks/generation.py"},

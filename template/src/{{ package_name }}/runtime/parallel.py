@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections import OrderedDict
 from collections.abc import Iterator
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -103,9 +104,15 @@ def shard(model: nn.Module, device: torch.device, precision: str = "fp32") -> No
         for module in model.modules():
             if isinstance(module, nn.modules.batchnorm._BatchNorm):
                 fully_shard(module, mesh=mesh)  # its own unit, fp32 parameters
+    own = list(model._forward_pre_hooks)  # the model's own, added when it was built
     for unit in units(model):
         fully_shard(unit, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
+    # FSDP puts its pre-forward hook (which casts the inputs to bf16) first; the model's own
+    # keep running before it, on the batch as loaded, as they do without FSDP.
+    hooks = cast(OrderedDict[int, Any], model._forward_pre_hooks)
+    for key in reversed(own):
+        hooks.move_to_end(key, last=False)
 
 
 def _fsdp_module() -> Any:

@@ -1,7 +1,7 @@
-"""Images beyond decoding: split layouts, augmentation, and per-channel normalisation.
+"""Images beyond decoding: split layouts, augmentation, and what a run's data is prepared with.
 
 Template-owned helpers that data.py (yours), training/task.py and the inference commands (evaluate,
-predict, export) share, so all of them read a folder, augment and normalise the same way.
+predict, export) share, so all of them read a folder and augment the same way.
 
 - Layouts: `root/<class>/<image>`, or pre-split `root/train/<class>/...`, `root/val/<class>/...`
   and optionally `root/test/<class>/...` (`find_splits`). Pre-split data keeps its split:
@@ -18,17 +18,14 @@ predict, export) share, so all of them read a folder, augment and normalise the 
   an uninterrupted one would. `auto` (the default) is `crop-flip` for an image folder and
   `none` for synthetic data and `data.pt` tensors (which need not be natural images: turn it
   on with `--augment crop-flip`).
-- Normalisation: per-channel mean and std measured once on the training split (at most
-  `MAX_MEASURED` samples, evenly spaced), cached in `utils.cache_dir()/normalization.json`,
-  applied on the device before the model (`Normalize`), and saved in the run record of
-  metrics.jsonl and of every checkpoint, so evaluation, prediction and export normalise as
-  training did. The built-in synthetic data is left as it is (mean 0, std 1).
+- Normalisation: decided once per run by `prepare` (the mean and std measured on the training
+  split, or a `--model hf`'s own) and carried by the model itself: vision/normalization.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import json
 import math
 import os
 import struct
@@ -39,21 +36,16 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torch.utils.data import Dataset, Subset
 from tqdm import tqdm
 
-from ..runtime.stopping import stops_between_batches
-from ..utils import SignalSafeLoader, cache_dir, seed_worker
-from . import hub_models
+from .normalization import Normalization, dataset_key, normalization_for
 from .trivial_augment import trivial_augment
 
 SPLITS = ("train", "val", "test")
 AUGMENT_POLICIES = ("auto", "crop-flip", "crop", "none")
 CROP_SCALE = (0.25, 1.0)  # share of the image's area a random resized crop keeps
 CROP_RATIO = (3 / 4, 4 / 3)
-MAX_MEASURED = 4096  # samples the mean/std is measured on
-NORMALIZATION_CACHE = "normalization.json"
 ERASE_SCALE = (0.02, 1 / 3)  # share of the area an erased rectangle covers (torchvision's)
 ERASE_RATIO = (0.3, 3.3)
 
@@ -279,111 +271,14 @@ def augment_policy(requested: str, in_memory: bool) -> str:
     return requested
 
 
-# --------------------------------------------------------------------------------------------
-# Normalisation
-# --------------------------------------------------------------------------------------------
-
-
-class Normalize(nn.Module):
-    """(x - mean) / std per channel: the first step of every model this project runs."""
-
-    mean: torch.Tensor
-    std: torch.Tensor
-
-    def __init__(self, mean: list[float], std: list[float]):
-        super().__init__()
-        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
-        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (x - self.mean) / self.std
-
-
-class Normalized(nn.Module):
-    """`model(normalize(x))`: what `export` ships, taking the images as the dataset yields them
-    (RGB in [0, 1] for image files)."""
-
-    def __init__(self, model: nn.Module, mean: list[float], std: list[float]):
-        super().__init__()
-        self.normalize = Normalize(mean, std)
-        self.model = model
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(self.normalize(x))
-
-
-def measure_mean_std(
-    dataset: Dataset[Any], key: str, cache: Path | None = None
-) -> tuple[list[float], list[float], bool]:
-    """Per-channel (mean, std) of `dataset`'s images and whether they came from the cache.
-
-    At most MAX_MEASURED evenly spaced samples are read (in float64 sums); a channel whose
-    std is (nearly) zero gets 1, so a constant channel is only centred.
-    """
-    path = (cache if cache is not None else cache_dir()) / NORMALIZATION_CACHE
-    try:
-        stored = json.loads(path.read_text())
-    except (OSError, ValueError):
-        stored = {}
-    if isinstance(stored, dict) and isinstance(stored.get(key), dict):
-        entry = stored[key]
-        return list(entry["mean"]), list(entry["std"]), True
-    size = len(dataset)  # type: ignore[arg-type]
-    picked = torch.linspace(0, size - 1, min(size, MAX_MEASURED)).round().long().unique().tolist()
-    workers = 0 if len(picked) <= 512 else min(4, os.cpu_count() or 1)
-    # A generator of its own: the loader's seed would otherwise come from the global RNG, and
-    # the run's random streams would depend on whether the answer was cached. Its workers
-    # leave a stop signal (Ctrl-C to the process group) to the main process, as training's do.
-    loader = SignalSafeLoader(
-        Subset(dataset, picked),
-        batch_size=64,
-        num_workers=workers,
-        generator=torch.Generator().manual_seed(0),
-        worker_init_fn=seed_worker,
-    )
-    total = squares = None
-    count = 0
-    with stops_between_batches() as check:  # a Ctrl-C waits for the batch in flight
-        for images, _ in loader:
-            check()
-            values = images.double().transpose(0, 1).flatten(1)  # (C, N*H*W)
-            total = values.sum(1) if total is None else total + values.sum(1)
-            squares = (values**2).sum(1) if squares is None else squares + (values**2).sum(1)
-            count += values.shape[1]
-    assert total is not None and squares is not None
-    mean = total / count
-    std = (squares / count - mean**2).clamp_min(0).sqrt()
-    std = torch.where(std < 1e-6, torch.ones_like(std), std)
-    result = [round(v, 6) for v in mean.tolist()], [round(v, 6) for v in std.tolist()]
-    stored = stored if isinstance(stored, dict) else {}
-    stored[key] = {"mean": result[0], "std": result[1]}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(stored, indent=1))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache only costs measuring again next time
-    return result[0], result[1], False
-
-
-def dataset_key(root: Path, image_size: int, samples: int, detail: str) -> str:
-    """What a cached mean/std is keyed by: the folder and its modification time (which
-    changes when a class folder is added or removed), the image size, the number of images
-    and the split. Replacing images under the same names keeps the key: delete the cache."""
-    stamp = root.stat().st_mtime_ns if root.exists() else 0
-    return f"{root.resolve()}|{stamp}|{image_size}|{samples}|{detail}"
-
-
 def prepare(
-    config: Any, train: Dataset[Any], info: Any, task: Any
-) -> tuple[Dataset[Any], dict[str, Any]]:
-    """The training set as the loop reads it (augmented per `--augment`), with `task.normalize`
-    set from the measured mean/std (a `--model hf`'s own, from its preprocessor config);
-    returns it and the run record's "dataset" entry."""
+    config: Any, train: Dataset[Any], info: Any
+) -> tuple[Dataset[Any], Any, dict[str, Any]]:
+    """The training set as the loop reads it (augmented per `--augment`), its `info` with the
+    input normalisation every model built for it carries (vision/normalization.py), and the
+    run record's "dataset" entry."""
     policy = augment_policy(getattr(config.data, "augment", "none"), info.in_memory)
-    mean, std = [0.0] * info.in_channels, [1.0] * info.in_channels
-    pretrained = hub_models.preprocessing(config)
+    key = None  # what the measured mean/std is cached by: none for synthetic data
     if config.data.data_dir is not None:
         root = Path(config.data.data_dir)
         splits = find_splits(root)
@@ -396,18 +291,16 @@ def prepare(
             )
         measured = splits["train"] if splits else root
         detail = "train" if splits else f"val_fraction={config.data.val_fraction}"
-        if pretrained is None:
-            key = dataset_key(measured, info.image_size, len(train), detail)  # type: ignore[arg-type]
-            mean, std, cached = measure_mean_std(train, key)
-            say(f"normalisation ({'cached' if cached else 'measured'}): mean {mean} std {std}")
-            task.normalize = Normalize(mean, std)
-    if pretrained is not None:  # a --model hf: the inputs its weights were trained on
-        mean, std = pretrained[0], pretrained[1]
-        say(f"normalisation (--hf-model's preprocessor config): mean {mean} std {std}")
-        task.normalize = Normalize(mean, std)
+        key = dataset_key(measured, info.image_size, len(train), detail)  # type: ignore[arg-type]
+    found = normalization_for(config, train, key, say)
+    info = dataclasses.replace(info, normalization=found)
+    normalization = found or Normalization.identity(info.in_channels)
     data = config.data  # a config of yours may lack the recipe's newer fields
     recipe = Recipe(
-        policy, getattr(data, "trivial_augment", False), getattr(data, "erase", 0.0), tuple(mean)
+        policy,
+        getattr(data, "trivial_augment", False),
+        getattr(data, "erase", 0.0),
+        normalization.mean,
     )
     if recipe:
         train = Augmented(train, config.run.seed, recipe)
@@ -416,13 +309,12 @@ def prepare(
         "num_classes": info.num_classes,
         "in_channels": info.in_channels,
         "image_size": info.image_size,
-        "mean": mean,
-        "std": std,
+        **normalization.record(),
         "augment": policy,
         "trivial_augment": recipe.trivial,
         "erase": recipe.erase,
     }
-    return train, record
+    return train, info, record
 
 
 def say(message: str) -> None:

@@ -2,9 +2,10 @@
 
 `load_trained` reads a checkpoint file (last.pt, best.pt, or a single-file conversion of a
 sharded one) with `weights_only=True`, rebuilds the config it was trained with, the model
-through `build_model_for`, and the class names and normalisation from its run record
-(`run["dataset"]`, written by train since the class names were recorded; an older checkpoint
-gets class names "0", "1", ... and no normalisation).
+through `build_model_for` with the input normalisation it was trained with (the mean and std
+of its run record, `run["dataset"]`: the model normalises its inputs itself, as in training,
+vision/normalization.py), and the class names (written by train since the class names were
+recorded; an older checkpoint gets class names "0", "1", ... and no normalisation).
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ from ..training.data_sources import DataError, DataInfo
 from ..training.task import build_datasets, build_model_for
 from . import images
 from . import shards as image_shards
+from .normalization import Normalization
 
 
 @dataclass
 class Trained:
-    model: nn.Module  # in eval mode, on the device asked for
-    normalized: images.Normalized  # the model with its input normalisation in front
+    model: nn.Module  # in eval mode, on the device asked for; normalises its inputs itself
     config: Config
     info: DataInfo
     classes: list[str]
@@ -52,20 +53,18 @@ def load_trained(path: Path, device: torch.device) -> Trained:
     dataset: dict[str, Any] = run["dataset"] if isinstance(run.get("dataset"), dict) else {}
     num_classes = int(dataset.get("num_classes", config.data.num_classes))
     classes = [str(name) for name in dataset.get("classes", range(num_classes))]
+    channels = int(dataset.get("in_channels", 3))
     info = DataInfo(
-        int(dataset.get("in_channels", 3)),
+        channels,
         int(dataset.get("image_size", config.data.image_size)),
         num_classes,
         in_memory=False,
         classes=classes,
+        normalization=Normalization.from_record(dataset, channels),
     )
-    mean = [float(v) for v in dataset.get("mean", [0.0] * info.in_channels)]
-    std = [float(v) for v in dataset.get("std", [1.0] * info.in_channels)]
     model = build_model_for(config.replace(channels_last=False), info)
     load_state_into(model, state["model"], "model", path)
-    model = model.to(device).eval()
-    normalized = images.Normalized(model, mean, std).to(device).eval()
-    return Trained(model, normalized, config, info, classes)
+    return Trained(model.to(device).eval(), config, info, classes)
 
 
 def saved_config(saved: Any, path: Path) -> Config:
