@@ -8,7 +8,7 @@ from __future__ import annotations
 from mutations import bug
 
 CHECKPOINTS = [
-    # ---- checkpointing/steps.py: --save-every, --keep-last, background saves (issue 36) ---------
+    # ---- checkpointing/checkpointer.py, steps.py: --save-every, --keep-last, background saves --
     bug("keep-last-keeps-one-more", "checkpointing/steps.py",
         "older[: max(0, len(older) - (keep - 1))]", "older[: max(0, len(older) - keep)]",
         "test_step_checkpoints.py", "keep_last_keeps"),
@@ -21,11 +21,11 @@ CHECKPOINTS = [
     bug("background-copy-shares-the-live-tensors", "checkpointing/steps.py",
         "return pool[index].copy_(tensor, non_blocking=queued)", "return tensor",
         "test_step_checkpoints.py", "after_staging"),
-    bug("stop-does-not-wait-for-its-background-save", "train.py",
-        "step_checkpoints.finish(run)  # written before the line says it is", "pass",
+    bug("stop-does-not-wait-for-its-background-save", "checkpointing/checkpointer.py",
+        "self.finish()  # written before the line says it is", "pass",
         "test_step_checkpoints.py", "stop_signal_waits"),
-    bug("a-signal-during-validation-runs-one-more-step", "train.py",
-        "if epoch + 1 < epochs and step_checkpoints.stopping(run, stop):",
+    bug("a-signal-during-validation-runs-one-more-step", "checkpointing/checkpointer.py",
+        "if epoch + 1 < self.run.config.optim.epochs and self.stopping():",
         "if False:",
         "test_step_checkpoints.py", "during_validation"),
     # ---- issue 53, G5: staging into kept buffers, DCP's async_save, kills mid-write --------
@@ -43,8 +43,8 @@ CHECKPOINTS = [
         "            if is_main:\n                _finish(state, tmp, path)",
         "if is_main:\n                _finish(state, tmp, path)\n            written.result()",
         "test_step_checkpoints.py", "async_sharded_save_resumes"),
-    bug("two-sharded-saves-in-flight", "checkpointing/steps.py",
-        "finish(run)  # at most one save in flight; its failure stops every rank here", "pass",
+    bug("two-sharded-saves-in-flight", "checkpointing/checkpointer.py",
+        "self.finish()  # at most one save in flight; its failure stops every rank here", "pass",
         "test_parallel.py", "async_sharded_write"),
     bug("a-killed-save-s-temporary-file-kept-forever", "checkpointing/rundir.py",
         'for orphan in checkpoints.glob(".*.tmp"):', "for orphan in []:",

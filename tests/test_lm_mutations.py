@@ -255,7 +255,7 @@ MUTATIONS = [
         "math.ceil((tokens or 0) / (batch * config.model.seq_len))",
         "math.ceil((tokens or 0) / (batch * (config.model.seq_len + 1)))",
         "test_lm_training.py", "max_tokens_counts"),
-    bug("outsider-a-step-checkpoint-on-the-budgets-last-step", "checkpointing/steps.py",
+    bug("outsider-a-step-checkpoint-on-the-budgets-last-step", "checkpointing/checkpointer.py",
         "or run.global_step >= run.total_steps:", "or run.global_step > run.total_steps:",
         "test_lm_training.py", "budgets_last_step"),
     bug("lm-old-checkpoints-taken-as-rope", "checkpointing/checkpoint.py",
@@ -298,7 +298,7 @@ MUTATIONS = [
         "starts = torch.arange(0, len(tokens) - 1, span + 1)",
         "test_evaluate_text.py", "whole_windows"),
     # ---- step checkpoints in the LM render (issue 36) --------------------------------------
-    bug("lm-save-every-never-saves-mid-epoch", "checkpointing/steps.py",
+    bug("lm-save-every-never-saves-mid-epoch", "checkpointing/checkpointer.py",
         "if step_in_epoch + 1 >= run.steps_per_epoch or run.global_step >= run.total_steps:",
         "if True:",
         "test_step_checkpoints.py", "sigkill or keep_last_keeps"),

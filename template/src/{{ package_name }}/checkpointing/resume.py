@@ -2,8 +2,7 @@
 complete one of the run dir (last.pt, last.dcp, the step checkpoints of `--keep-last`).
 
 Its own module so that checkpointing/checkpoint.py (reading and writing one file) and
-checkpointing/steps.py
-(writing them during a run) both stay free of import cycles.
+checkpointing/steps.py (writing them during a run) both stay free of import cycles.
 """
 
 from __future__ import annotations
@@ -45,8 +44,8 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
 
 def saved_precision(resume: str | None, run_dir: Path) -> str | None:
     """The precision the checkpoint `--resume` names was trained at (its config record, read
-    through a memory map), or None: no resume, or one that does not say (resume() then
-    says what is wrong with it)."""
+    through a memory map), or None: no resume, or one that does not say (the checkpointer's
+    `load` then says what is wrong with it)."""
     try:
         path = resolve_resume(resume, run_dir)
         if path is None:
@@ -55,7 +54,7 @@ def saved_precision(resume: str | None, run_dir: Path) -> str | None:
             sharded_checkpoint.state_file(path), map_location="cpu", weights_only=True, mmap=True
         )
         precision = checkpoint.flat_record(state["config"]).get("precision")
-    except Exception:  # unreadable, or no config record: resume() says so, in its place
+    except Exception:  # unreadable, or no config record: `load` says so, in its place
         return None
     return precision if precision in ("fp32", "bf16", "fp16") else None
 

@@ -37,7 +37,7 @@ class Position:
     samples_in_epoch: int
     totals: dict[str, float]
     # Each `@slots.state(..., per_rank=True)`'s state dicts by rank, gathered from every rank
-    # before the save (loop.save_checkpoint): rank 0 alone writes a single-file checkpoint.
+    # before the save (Checkpointer.save): rank 0 alone writes a single-file checkpoint.
     rank_states: dict[str, list[Any]] = field(default_factory=dict)
 
 

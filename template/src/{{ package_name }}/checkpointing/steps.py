@@ -1,50 +1,43 @@
-"""Step checkpoints: saves between epochs' ends, kept K deep, written in the background.
+"""How a checkpoint is written during a run: on a thread, from CPU copies, kept K deep.
 
-A `kill -9`, the kernel's OOM killer or a lost node is no signal: without these, everything
-since the last epoch's end is lost. `--save-every N` (optimizer steps) or `--save-every-minutes
-M` also saves in the middle of an epoch, a checkpoint as exact for a resume as the one a stop
-signal saves, so such a kill costs at most N steps (M minutes).
+checkpointing/checkpointer.py decides when to save and calls these; they know nothing of
+the run.
 
 - `--keep-last K` keeps the K newest checkpoints. With K > 1 each save is
   `checkpoints/step-<step>.pt` (a `.dcp` folder under FSDP), `last.pt` is a hard link to the
-  newest (no second copy on disk) and the step checkpoints beyond the K newest are deleted;
-  with K = 1 (the default) a save replaces `last.pt`, as it always did. `best.pt` is apart.
-- `--save-in-background` (on by default) writes checkpoints on a thread. The training thread
-  checks the weights first (nothing non-finite is saved), copies the state into CPU buffers
-  (`Staging`: kept from one save to the next, page-locked where CUDA is, filled by copies
-  queued together and waited for once) and goes on; the thread writes the copy as
-  `checkpoint.save_checkpoint` always does: a temporary file, fsync, rename, fsync of the
-  folder. Under FSDP every rank stages its shards and DCP's `async_save` writes them
-  (sharded_checkpoint.write_async); the folder is complete only when its train state is in.
-  At most one save is in flight: the next save, a stop signal and the end of training wait
-  for it, and a write that failed raises its `SaveError` there (exit 74, the previous
-  checkpoint kept), on every rank.
+  newest (`link`, `link_folder`: no second copy on disk) and the step checkpoints beyond the
+  K newest are deleted (`rotate`); with K = 1 (the default) a save replaces `last.pt`, as it
+  always did. `best.pt` is apart.
+- `--save-in-background` (on by default) writes checkpoints on a thread (`BackgroundWriter`).
+  The training thread checks the weights first (nothing non-finite is saved), copies the
+  state into CPU buffers (`Staging`: kept from one save to the next, page-locked where CUDA
+  is, filled by copies queued together and waited for once) and goes on; the thread writes
+  the copy as `checkpoint.save_checkpoint` always does (`write_file`): a temporary file,
+  fsync, rename, fsync of the folder. Under FSDP every rank stages its shards and DCP's
+  `async_save` writes them (sharded_checkpoint.write_async); the folder is complete only
+  when its train state is in (`finish_folder`). At most one save is in flight: the next
+  save, a stop signal and the end of training wait for it, and a write that failed raises
+  its `SaveError` there (exit 74, the previous checkpoint kept), on every rank.
 - `--resume auto` (`newest`) takes the newest complete checkpoint: when an older one exists,
-  a newest one that is partial or unreadable is skipped with one line naming it.
+  a newest one that is partial or unreadable is skipped with one line naming it
+  (checkpointing/resume.py).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import sys
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from ..runtime import console, distributed
 from . import checkpoint
 from . import resume as resume_choice
 from . import sharded as sharded_checkpoint
 from .checkpoint import SaveError
-
-if TYPE_CHECKING:
-    from ..training.run import Run
 
 
 class BackgroundWriter:
@@ -67,104 +60,17 @@ class BackgroundWriter:
         except BaseException as error:  # kept for the training thread, which raises it
             self._failure = error
 
-    def wait(self) -> BaseException | None:
-        """Wait for the write in flight, if any; its failure, or None."""
+    def join(self) -> None:
+        """Wait for the write in flight, if any; its failure stays for `wait` to return."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+    def wait(self) -> BaseException | None:
+        """Wait for the write in flight, if any; its failure, or None."""
+        self.join()
         failure, self._failure = self._failure, None
         return failure
-
-
-@dataclass
-class Saver:
-    """A run's saving settings and its writer (`saver` makes one per run, on first use)."""
-
-    every: int | None
-    minutes: float | None
-    keep: int
-    # With --save-in-background: rank 0 of a single-file run, every rank of an FSDP run.
-    writer: BackgroundWriter | None
-    last_save: float = field(default_factory=time.monotonic)
-    staging: Staging = field(default_factory=lambda: Staging())
-    dcp: Any = None  # an FSDP run's sharded_checkpoint.AsyncWrites, made on its first save
-    # --save-every-minutes under torchrun: the ranks' agreed "time is up" (loop.train_step,
-    # with the stop request, one step late: runtime/distributed.HostAgreement), and the
-    # number of saves so far, which tells a verdict asked before the latest save.
-    agreed_late: bool = False
-    saves: int = 0
-
-
-def saver(run: Run) -> Saver:
-    """`run.saver`, made from the run's config the first time."""
-    if run.saver is None:
-        config = run.config.run
-        background = config.save_in_background and (run.sharded or run.ctx.is_main)
-        run.saver = Saver(
-            config.save_every,
-            config.save_every_minutes,
-            config.keep_last,
-            BackgroundWriter() if background else None,
-        )
-    return run.saver
-
-
-def due(run: Run, step_in_epoch: int) -> bool:
-    """Whether --save-every (or --save-every-minutes) asks for a save after this step; the
-    same answer on every rank. Never on an epoch's last step: the epoch's end saves."""
-    plan = saver(run)
-    if step_in_epoch + 1 >= run.steps_per_epoch or run.global_step >= run.total_steps:
-        return False
-    if plan.every is not None:
-        return bool(run.global_step % plan.every == 0)
-    if plan.minutes is None:
-        return False
-    # Clocks differ, so under torchrun rank 0's verdict is not enough: the step agreed on it.
-    return plan.agreed_late if run.ctx.enabled else late(run)
-
-
-def late(run: Run) -> bool:
-    """Whether --save-every-minutes' time is up on this rank's clock (False without it)."""
-    plan = saver(run)
-    return plan.minutes is not None and time.monotonic() - plan.last_save >= 60 * plan.minutes
-
-
-def agree_late(run: Run, verdict: bool, asked_after: int) -> None:
-    """Keep the ranks' agreed `late` verdict for `due`. It was asked a step ago, after
-    `asked_after` saves: a save since then restarted the clock, and the verdict is stale."""
-    plan = saver(run)
-    plan.agreed_late = verdict and asked_after == plan.saves
-
-
-def restart_clock(run: Run) -> None:
-    """A save was made (every rank calls this, the ranks that write nothing too): the
-    --save-every-minutes clock starts again, and agreed verdicts asked before are stale."""
-    plan = saver(run)
-    plan.last_save = time.monotonic()
-    plan.saves += 1
-
-
-def target(run: Run) -> Path:
-    """Where a save writes: last.pt, or with --keep-last > 1 step-<step>.pt (or .dcp)."""
-    if saver(run).keep == 1:
-        return Path(run.last_path)
-    return Path(run.last_path).with_name(f"step-{run.global_step}{run.last_path.suffix}")
-
-
-def save_file(run: Run, state: dict[str, Any], improved: bool) -> None:
-    """Rank 0 of a single-file run: write `state` (best.pt too if `improved`), now or on the
-    writer's thread from a CPU copy. A previous background write that failed raises here."""
-    plan = saver(run)
-    if plan.writer is not None:
-        failure = plan.writer.wait()
-        if failure is not None:
-            raise failure
-    path, last, best = target(run), run.last_path, run.best_path if improved else None
-    if plan.writer is None:
-        write_file(state, path, last, best, plan.keep)
-        return
-    copied = plan.staging.stage(state)  # on this thread: the next step changes the originals
-    plan.writer.submit(lambda: write_file(copied, path, last, best, plan.keep))
 
 
 def write_file(state: dict[str, Any], path: Path, last: Path, best: Path | None, keep: int) -> None:
@@ -176,43 +82,6 @@ def write_file(state: dict[str, Any], path: Path, last: Path, best: Path | None,
         checkpoint.copy_checkpoint(last, best)
     if keep > 1:
         rotate(path.parent, keep, path)
-
-
-def save_sharded(run: Run, state: dict[str, Any], improved: bool) -> None:
-    """Every rank of an FSDP run: write the shards (checkpointing/sharded.py), then on rank 0
-    point last.dcp at them and rotate; a failure anywhere raises SaveError on every rank.
-    With a writer, the shards are staged here and written by DCP's `async_save`, and rank 0
-    finishes the folder on the writer's thread; a previous write that failed raises here."""
-    plan, path, last = saver(run), target(run), run.last_path
-    best = run.best_path if improved else None
-    if plan.writer is not None:
-        finish(run)  # at most one save in flight; its failure stops every rank here
-        if plan.dcp is None:
-            plan.dcp = sharded_checkpoint.AsyncWrites(run.ctx.enabled, run.device)
-        staged = plan.staging.stage(state) if run.ctx.is_main else {}
-        write = sharded_checkpoint.write_async(
-            staged, path, run.raw_model, run.optimizer, plan.dcp, is_main=run.ctx.is_main,
-            device=run.device,
-        )  # fmt: skip
-        main = run.ctx.is_main
-
-        def job() -> None:
-            write()
-            if main:
-                finish_folder(path, last, best, plan.keep)
-
-        plan.writer.submit(job)
-        return
-    sharded_checkpoint.save(state, path, run.raw_model, run.optimizer, best, run.ctx, run.device)
-    if path == last:
-        return
-
-    def point_last_at_it() -> None:
-        if run.ctx.is_main:
-            link_folder(path, last)
-            rotate(path.parent, plan.keep, path)
-
-    sharded_checkpoint._together(point_last_at_it, last, run.device)
 
 
 def finish_folder(path: Path, last: Path, best: Path | None, keep: int) -> None:
@@ -233,32 +102,6 @@ def finish_folder(path: Path, last: Path, best: Path | None, keep: int) -> None:
         raise SaveError(f"could not write {writing}: {cause}; {path} holds the newest") from None
 
 
-def finish(run: Run) -> None:
-    """Wait for the save in flight; if it failed, raise its SaveError on every rank."""
-    plan = run.saver
-    failure = plan.writer.wait() if plan is not None and plan.writer is not None else None
-    if distributed.any_rank(failure is not None, run.device):
-        raise failure or SaveError("another rank could not write the checkpoint; see its message")
-
-
-def stopping(run: Run, stop: Any) -> bool:
-    """Whether a stop signal arrived (on any rank) while the run saved: it stops now, on the
-    checkpoint just written (no extra step, no second save), once the write is done."""
-    if not distributed.any_rank(stop.signum is not None, run.device):
-        return False
-    finish(run)
-    return True
-
-
-def close(run: Run) -> None:
-    """At the run's end, also on an error: never leave a write half-done behind the exit."""
-    plan = run.saver
-    if plan is not None and plan.writer is not None:
-        failure = plan.writer.wait()
-        if failure is not None:
-            console.safe_print(f"error: {failure}", file=sys.stderr)
-
-
 class Staging:
     """CPU copies of a checkpoint's state for a background write, in buffers kept from one
     save to the next (as torch.distributed.checkpoint's staging keeps them).
@@ -271,7 +114,7 @@ class Staging:
     Views alike of one tensor (a tied embedding) share their copy, as they share memory.
 
     The buffers of a save are overwritten by the next: stage only after the previous write
-    is done (`BackgroundWriter.wait`), as `save_file` and `save_sharded` do.
+    is done (`BackgroundWriter.wait`), as the checkpointer's saves do.
     """
 
     def __init__(self, pin: bool | None = None) -> None:

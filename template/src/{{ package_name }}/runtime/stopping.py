@@ -1,7 +1,8 @@
 """Stop signals: SIGTERM, SIGINT, SIGHUP, SIGUSR1 end a run cleanly, never half-way.
 
-In training, `StopSignal` turns the first one into a flag that the loop reads at the next
-step boundary: it saves and raises `Interrupted` (exit 128 + N). Everywhere else (start-up,
+In training, `StopSignal` turns the first one into a flag that the run's checkpointer reads
+at the next step boundary (checkpointing/checkpointer.py): it saves and raises `Interrupted`
+(exit 128 + N). Everywhere else (start-up,
 evaluation, `tune`), `stop_signals_raise` turns one into `Stopped`, which the entry point's
 `exits.exit_code` ends with one line and 128 + N; a start-up pass over DataLoader workers
 holds it until the batch in flight has arrived (`stops_between_batches`).

@@ -3,9 +3,10 @@
 `Run` (training/run.py) holds one run: the parts `train.build_run` makes and where the run
 stands. Then:
 `begin_epoch`, `train_step` (one optimizer step: micro-batches, accumulation, clipping, the
-health check, the update), `log_progress` (the periodic train record), `end_epoch` (evaluate,
-the epoch record, best.pt) and `save_checkpoint` (last.pt, refusing a non-finite model). Each
-takes the `Run` and changes only what its name says; a test can call one alone.
+health check, the update), `log_progress` (the periodic train record) and `end_epoch`
+(evaluate, the epoch record, and its checkpoint through the run's `Checkpointer`:
+checkpointing/checkpointer.py, which makes every save). Each takes the `Run` and changes only
+what its name says; a test can call one alone.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -23,11 +24,6 @@ from torch.profiler import record_function
 from tqdm import tqdm
 
 from .. import slots, utils
-from ..checkpointing import checkpoint
-from ..checkpointing import state as checkpoint_state
-from ..checkpointing import steps as step_checkpoints
-from ..checkpointing.checkpoint import SaveError
-from ..checkpointing.state import Position
 from ..runtime import accelerator, distributed, exits, parallel
 from ..runtime.stopping import StopSignal
 from . import muon
@@ -35,6 +31,9 @@ from .batches import labels_of, loss_of, transform_batch
 from .metrics import MetricsWriter, add_totals, extra_means, peak_memory, summarize
 from .run import Run
 from .task import blow_up_error, evaluate, step_is_finite
+
+if TYPE_CHECKING:
+    from ..checkpointing.checkpointer import Checkpointer
 
 
 @dataclass
@@ -156,31 +155,27 @@ def train_step(run: Run, batches: Iterator[Any], stop: StopSignal) -> tuple[torc
 
 
 def _agree(run: Run, stop: StopSignal) -> bool:
-    """Whether every rank stops after this step; keeps --save-every-minutes' agreed "time
-    is up" for `step_checkpoints.due`.
+    """Whether every rank stops after this step; hands --save-every-minutes' agreed "time is
+    up" to the run's checkpointer (`Checkpointer.due` acts on it).
 
     A rank that stopped alone would leave the others waiting forever in the next collective,
     so under torchrun the ranks agree on both requests on the host, one step late
     (distributed.HostAgreement: no device sync): a stop or a timed save comes one step after
-    a rank asked for it, on every rank at the same step. In one process, at once.
+    a rank asked for it, on every rank at the same step. In one process, at once. (The
+    checkpointer waits for the agreement in flight when it closes.)
     """
     if run.agreement is None:
         run.agreement = distributed.HostAgreement(2)
-    late = run.ctx.enabled and step_checkpoints.late(run)
+    clock = run.checkpointer  # None for a step taken alone (a test): no timed saves
+    late = run.ctx.enabled and clock is not None and clock.late()
     asked = (stop.signum is not None, late)
-    verdict = run.agreement.exchange(asked, step_checkpoints.saver(run).saves)
+    verdict = run.agreement.exchange(asked, clock.saves if clock is not None else 0)
     if verdict is None:  # torchrun's first step: nothing agreed yet
         return False
     (stop_all, late_all), asked_after = verdict
-    if run.ctx.enabled:
-        step_checkpoints.agree_late(run, late_all, asked_after)
+    if run.ctx.enabled and clock is not None:
+        clock.agree_late(late_all, asked_after)
     return stop_all
-
-
-def settle(run: Run) -> None:
-    """Wait for the ranks' agreement in flight, if any (the run's end, also on an error)."""
-    if run.agreement is not None:
-        run.agreement.finish()
 
 
 def _record(
@@ -243,9 +238,9 @@ def check_health(run: Run) -> None:
 
 def _kept(run: Run) -> str:
     """The checkpoints a blow-up leaves, once the good one in flight is written (a failed
-    write is reported by step_checkpoints.close at the run's end)."""
-    if run.saver is not None and run.saver.writer is not None:
-        run.saver.writer.wait()
+    write is reported when the checkpointer closes, at the run's end)."""
+    if run.checkpointer is not None:
+        run.checkpointer.wait_for_write()
     return exits.kept(run.last_path, run.best_path)
 
 
@@ -281,9 +276,10 @@ def log_progress(run: Run, writer: MetricsWriter, epoch: int, bar: tqdm[Any]) ->
     run.meter.reset()
 
 
-def end_epoch(run: Run, writer: MetricsWriter, epoch: int) -> None:
-    """Evaluate, write the `epoch` record, save last.pt (and best.pt when the task's
-    `best_by` figure improved: val_acc for images, val_bpb for a language model)."""
+def end_epoch(run: Run, writer: MetricsWriter, epoch: int, checkpointer: Checkpointer) -> None:
+    """Evaluate, write the `epoch` record, save last.pt through `checkpointer` (and best.pt
+    when the task's `best_by` figure improved: val_acc for images, val_bpb for a language
+    model)."""
     check_health(run)
     add_totals(run.epoch_totals, run.meter.read())
     distributed.broadcast_buffers(run.raw_model)
@@ -323,7 +319,8 @@ def end_epoch(run: Run, writer: MetricsWriter, epoch: int) -> None:
         f"{result['samples_per_s']:.0f} {run.task.unit}/s, data wait "
         f"{100 * result['data_wait']:.0f}%"
     )
-    save_checkpoint(run, epoch + 1, 0, {}, improved=improved, val_loss=val["val_loss"])
+    checkpointer.save(epoch + 1, 0, {}, improved=improved, val_loss=val["val_loss"])
+    run.skip_samples = 0  # the next epoch starts at its beginning
     if improved:
         best = {"kind": "best", "step": run.global_step, "epoch": epoch + 1}
         writer.write({**best, run.task.best_by[0]: run.best, "path": str(run.best_path)})
@@ -349,52 +346,3 @@ def validation_model(run: Run) -> nn.Module:
     for pick in slots.load().validation_models:
         chosen = pick(run) or chosen
     return chosen
-
-
-def snapshot(
-    run: Run,
-    epoch: int,
-    samples_in_epoch: int,
-    totals: dict[str, float],
-    rank_states: dict[str, list[Any]] | None = None,
-) -> dict:
-    """Everything needed to continue exactly from here (checkpointing/state.py's parts)."""
-    at = Position(epoch, samples_in_epoch, totals, rank_states or {})
-    return checkpoint_state.snapshot(run, at)
-
-
-def save_checkpoint(
-    run: Run, epoch: int, samples: int, totals: dict, *, improved: bool, val_loss: float
-) -> None:
-    """Write last.pt (and best.pt if `improved`), never a non-finite model.
-
-    Every rank checks its weights and buffers and every rank learns the verdicts, so a
-    refusal or a failed write stops all ranks together.
-    """
-    device, last_path, best_path = run.device, run.last_path, run.best_path
-    check_health(run)  # a skipped non-finite step is never saved over
-    slots.run_callbacks("before_save", run)
-    bad = checkpoint.first_nonfinite(run.raw_model)
-    if bad is None and not math.isfinite(val_loss):
-        bad = f"validation loss ({val_loss})"
-    if distributed.any_rank(bad is not None, device):
-        kept = exits.kept(last_path, best_path)
-        raise utils.NonFiniteLossError(
-            f"non-finite {bad or 'weights on another rank'} at step {run.global_step}, "
-            f"epoch {epoch + (samples > 0)}: not saved; {kept}; "
-            "lower --lr, set --grad-clip, or check the data",
-            step=run.global_step,
-        )
-    failure = None
-    ranks = checkpoint_state.gather_rank_states(run)  # every rank's per-rank @slots.state
-    # checkpointing/steps.py: which file (--keep-last), now or on a thread (--save-in-background)
-    if run.sharded:  # every rank writes its shards; a failure raises on every rank
-        step_checkpoints.save_sharded(run, snapshot(run, epoch, samples, totals, ranks), improved)
-    elif run.ctx.is_main:
-        try:
-            step_checkpoints.save_file(run, snapshot(run, epoch, samples, totals, ranks), improved)
-        except SaveError as error:
-            failure = error
-    step_checkpoints.restart_clock(run)  # on every rank: rank 0 alone writes a single file
-    if distributed.any_rank(failure is not None, device):
-        raise failure or SaveError("rank 0 could not write the checkpoint; see its message")

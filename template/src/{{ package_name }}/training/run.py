@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
     from .. import slots
-    from ..checkpointing.steps import Saver
+    from ..checkpointing.checkpointer import Checkpointer
     from ..config import Config
     from ..observability.mfu import Utilization
     from ..runtime import distributed
@@ -76,7 +76,8 @@ class Run:
     epoch_totals: dict[str, float] = field(default_factory=dict)
     result: dict[str, Any] = field(default_factory=dict)  # the last epoch's metrics
     states: dict[str, slots.Stateful] = field(default_factory=dict)
-    saver: Saver | None = None  # --save-every, --keep-last, the background writer
+    # Its saves (when, where, in the background), resume and stop path: made by train()
+    checkpointer: Checkpointer | None = None
     guard: Guard | None = None  # the non-finite guard's device-side record
     # The stop request and --save-every-minutes' time, agreed by the ranks (loop.train_step)
     agreement: distributed.HostAgreement | None = None
