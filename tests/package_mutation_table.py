@@ -85,11 +85,11 @@ TRAINING = [
     # ---- host syncs in the step (issue 53): test_host_syncs.py counts them --------------------
     bug("ema-decides-by-its-tensor-count", "training/ema.py",
         "if self.updates == 0:", "if bool(self.n_averaged == 0):",
-        "test_host_syncs.py", "ema"),
+        "test_ema.py", "ema"),
     bug("ema-lerps-the-wrong-way", "training/ema.py",
         "torch._foreach_lerp_(mine_list, theirs_list, 1 - decay)",
         "torch._foreach_lerp_(mine_list, theirs_list, decay)",
-        "test_host_syncs.py", "ema"),
+        "test_ema.py", "ema"),
     bug("save-every-minutes-agrees-in-its-own-all-reduce", "checkpointing/checkpointer.py",
         "return self.agreed_late if run.ctx.enabled else self.late()",
         "return distributed.any_rank(self.late(), run.device)",
