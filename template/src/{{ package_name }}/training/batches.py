@@ -30,7 +30,6 @@ from ..config import Config
 from ..settings.base import ConfigError
 from .run import Run
 
-
 # The dtype each mixed --precision autocasts to: a transform may return its inputs in it.
 LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
