@@ -224,7 +224,7 @@ TRAINING = [
     bug("every-stop-signal-exits-143", "runtime/stopping.py",
         "self.exit_code = 128 + signum", "self.exit_code = 128 + signal.SIGTERM",
         "test_checkpoint.py", "128_plus"),
-    bug("a-registered-schedule-skips-the-warm-up", "train.py",
+    bug("a-registered-schedule-skips-the-warm-up", "training/schedules.py",
         "    return early if early is not None else float(factor(step, total, config))",
         "    return float(factor(step, total, config))",
         "test_slot_flags.py"),

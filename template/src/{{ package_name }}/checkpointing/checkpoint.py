@@ -286,11 +286,15 @@ def load_checkpoint(
         )
     check_format(state, path)
     problem = _malformed(state)
-    done: int = state["samples_in_epoch"]
-    if not problem and epoch_samples is not None and done > epoch_samples:
-        problem = f"'samples_in_epoch' {done} exceeds the {epoch_samples} samples of an epoch"
     if problem:
         raise CheckpointError(f"checkpoint {path} is malformed: {problem}; it cannot be used")
+    done: int = state["samples_in_epoch"]
+    if epoch_samples is not None and done > epoch_samples:  # the data shrank, not the file
+        raise CheckpointError(
+            f"checkpoint {path} stands {done} samples into its epoch, past the end of this "
+            f"run's epoch of {epoch_samples} (fewer --train-samples or other data than it was "
+            "saved with); resume on the data it was trained on, or start a new --run-dir"
+        )
     check_weights(state["model"], path)
     return state
 

@@ -34,12 +34,14 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import slots, utils
 from ..runtime import console, distributed, exits
 from ..runtime.stopping import Interrupted, StopSignal
+from ..training import schedules
 from ..training.loop import check_health
 from . import checkpoint, rundir, steps
 from . import resume as resume_choice
@@ -94,12 +96,19 @@ class Checkpointer:
                 rundir.trim_metrics(run_dir / "metrics.jsonl", 0)
         if resume_path is None:
             return False
+        budgeted = _budgeted(config)  # its position is its step: bounded by its own budget
         state = checkpoint.load_checkpoint(
-            sharded_checkpoint.state_file(resume_path), run.device, run.sampler.total_size
+            sharded_checkpoint.state_file(resume_path),
+            run.device,
+            None if budgeted else run.sampler.total_size,
         )
         checkpoint.check_compatible(state, config.flat(), resume_path)
         run.task.check_resume(state, config, resume_path, run.log)  # the LM's corpus
         checkpoint_state.restore(run, state, resume_path)  # every part of checkpointing/state.py
+        if budgeted:
+            _place_in_budget(run)
+        else:
+            _fit_schedule(run)
         if run.ctx.is_main:  # steps after the checkpoint will be redone: not recorded twice
             rundir.trim_metrics(run_dir / "metrics.jsonl", run.global_step)
         run.log(f"resumed from {resume_path}: epoch {run.epoch + 1}, step {run.global_step}")
@@ -299,3 +308,48 @@ class Checkpointer:
             failure = self.writer.wait()
             if failure is not None:
                 console.safe_print(f"error: {failure}", file=sys.stderr)
+
+
+# ---- where a resumed run continues, when its budget changed -----------------------------
+
+
+def _budgeted(config: Any) -> bool:
+    """Whether the run's length is a step budget (the LM's --max-steps or --max-tokens)."""
+    optim = config.optim  # getattr: an image project's settings have neither
+    return bool(getattr(optim, "max_steps", None) or getattr(optim, "max_tokens", None))
+
+
+def _place_in_budget(run: Run) -> None:
+    """Under a step budget an interval is --eval-every steps, or the budget itself: a budget
+    changed on resume (a larger --max-steps, another --batch-size) changes the intervals, so
+    the checkpoint's interval count no longer says where the run stands. Its step does: the
+    run continues there (it stopped at the old budget's last interval, training nothing)."""
+    if run.global_step >= run.total_steps:
+        run.log(f"nothing left to train: the checkpoint is at step {run.global_step}, "
+                f"this run's budget is {run.total_steps} steps")  # fmt: skip
+        run.epoch, run.skip_samples = run.config.optim.epochs, 0
+        return
+    epoch, index = divmod(run.global_step, run.steps_per_epoch)
+    if (epoch, index * run.samples_per_step) != (run.epoch, run.skip_samples):
+        run.log(f"the budget's intervals changed ({run.steps_per_epoch} steps each now): "
+                f"continuing at step {run.global_step} of {run.total_steps}")  # fmt: skip
+        run.epoch, run.skip_samples = epoch, index * run.samples_per_step
+
+
+def _fit_schedule(run: Run) -> None:
+    """A --batch-size, --grad-accum-steps or --max-steps-per-epoch changed on resume changes
+    the steps of an epoch: the schedule, which ends at --epochs x the new steps per epoch,
+    would end before the checkpoint's step (cosine at zero for every epoch left) or long
+    after the run. It is fitted to end with this run's last step."""
+    at = run.epoch * run.steps_per_epoch + run.skip_samples // run.samples_per_step
+    if at == run.global_step:
+        return
+    total = run.global_step + max(0, run.total_steps - at)
+    run.log(f"the steps per epoch changed since the checkpoint: the learning-rate schedule "
+            f"now ends at step {total}")  # fmt: skip
+    factor = slots.load().schedules[run.config.optim.lr_schedule]
+    scheduled = partial(schedules.scheduled, factor=factor, total=total, config=run.config)
+    scheduler = run.scheduler
+    scheduler.lr_lambdas = [scheduled] * len(run.optimizer.param_groups)
+    for group, peak in zip(run.optimizer.param_groups, scheduler.base_lrs, strict=True):
+        group["lr"] = peak * scheduled(scheduler.last_epoch)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import re
 import statistics
@@ -65,6 +66,10 @@ DATASHEET_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     (r"\bL4\b", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0}),
     (r"\bA10\b", {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0}),
 )
+
+# The largest matrix size a cached peak may name (calibrations stop at 8192): a larger one,
+# written by hand or garbled, would have the start-up probe allocate gigabytes.
+MAX_CACHED_SIZE = 16384
 
 # Calibrations measured on a busy machine: used by this process, never cached.
 _UNCACHED: dict[Path, dict[str, Any]] = {}
@@ -165,13 +170,20 @@ def measured_peak(device: torch.device, precision: str, *, max_size: int | None 
 
 
 def _read_cached(path: Path) -> dict[str, Any] | None:
+    """The cached peak at `path`, or None (measure again) where it is absent, unreadable or
+    not what `_keep_best` writes: a finite positive rate, a matrix size the probe can time."""
     try:
         found = json.loads(path.read_text())
-        if isinstance(found.get("tflops"), float) and found["tflops"] > 0:
-            return {**found, "cached": True}
-    except (OSError, ValueError, AttributeError):
-        pass  # absent or unreadable: measure again
-    return None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(found, dict):
+        return None
+    tflops, size = found.get("tflops"), found.get("size")
+    if not (isinstance(tflops, float) and 0 < tflops < math.inf):  # NaN fails both
+        return None
+    if size is not None and not (type(size) is int and 0 < size <= MAX_CACHED_SIZE):
+        return None
+    return {**found, "cached": True}
 
 
 def _keep_best(result: dict[str, Any], cached: dict[str, Any] | None, path: Path) -> dict[str, Any]:

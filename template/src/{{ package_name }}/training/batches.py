@@ -27,7 +27,11 @@ from torch import nn
 
 from .. import slots
 from ..config import Config
+from ..settings.base import ConfigError
 from .run import Run
+
+# The dtype each mixed --precision autocasts to: a transform may return its inputs in it.
+LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,52 @@ def transform_batch(run: Run, inputs: Any, targets: Any, step: int, micro: int) 
         return inputs, targets
     classes = run.info.num_classes if run.info is not None else 0
     draw = Draw(run.config.run.seed, step, micro, run.ctx.rank, classes)
-    return transform(run.config, inputs, targets, draw)
+    out = transform(run.config, inputs, targets, draw)
+    low = LOW_PRECISION.get(run.config.speed.precision)  # autocast's dtype takes it too
+    fault = batch_fault(out, inputs, targets, classes, low)
+    if fault is not None:
+        name = getattr(run.config.data, "batch_transform", "none")
+        raise ConfigError(
+            f"--batch-transform {name} returned {fault}; a @slots.batch_transform returns "
+            "(inputs, targets) on the batch's device, of one batch size, floating inputs in "
+            "their dtype and targets as labels or (N, classes) probabilities"
+        )
+    return out[0], out[1]
+
+
+def batch_fault(
+    out: Any, inputs: Any, targets: Any, classes: int, low: torch.dtype | None = None
+) -> str | None:
+    """What is wrong with a transform's (inputs, targets), or None: checked on the host by
+    types, shapes, dtypes and devices alone (nothing is read from the device), so a wrong
+    return is one line, not a traceback from deep inside the forward pass or the loss.
+    Floating inputs keep their dtype, or take `low`, the dtype --precision autocasts to; the
+    targets are what the template's cross-entropy takes, unless a loss of yours takes them."""
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        return f"a {type(out).__name__}, not a pair (inputs, targets)"
+    for what, given, got in (("inputs", inputs, out[0]), ("targets", targets, out[1])):
+        if not isinstance(given, torch.Tensor):
+            continue  # a batch of your own structure: yours to check
+        if not isinstance(got, torch.Tensor):
+            return f"{what} of type {type(got).__name__}, not a tensor"
+        if got.device != given.device:
+            return f"{what} on {got.device}, not on the batch's {given.device}"
+    new_inputs, new_targets = out
+    if not (isinstance(new_inputs, torch.Tensor) and isinstance(new_targets, torch.Tensor)):
+        return None
+    if new_inputs.shape[:1] != new_targets.shape[:1]:
+        return f"{len(new_inputs)} inputs but {len(new_targets)} targets"
+    if inputs.is_floating_point() and new_inputs.dtype not in (inputs.dtype, low):
+        return f"inputs of {new_inputs.dtype}, not the batch's {inputs.dtype} (--precision casts)"
+    registry = slots.load()
+    if registry.loss is not None or registry.training_loss is not None:
+        return None  # your loss takes the targets: whatever it takes is yours to check
+    if not new_targets.is_floating_point():
+        if new_targets.dtype != targets.dtype:
+            return f"targets of {new_targets.dtype}, not the batch's {targets.dtype}"
+    elif not targets.is_floating_point() and classes and new_targets.shape[-1] != classes:
+        return f"targets of shape {tuple(new_targets.shape)}, not (..., {classes}) probabilities"
+    return None
 
 
 def loss_of(run: Run, logits: torch.Tensor, targets: torch.Tensor, inputs: Any) -> torch.Tensor:
@@ -80,7 +129,27 @@ def loss_of(run: Run, logits: torch.Tensor, targets: torch.Tensor, inputs: Any) 
     custom = slots.load().training_loss
     if custom is None:
         return run.loss_fn(logits, targets)
-    return custom(logits, targets, LossInputs(run.config, inputs, run.model, run.global_step))
+    loss = custom(logits, targets, LossInputs(run.config, inputs, run.model, run.global_step))
+    fault = loss_fault(loss)
+    if fault is not None:
+        raise ConfigError(
+            f"your @slots.training_loss returned {fault}; it must return a scalar floating "
+            "tensor computed from the logits (reduce it, e.g. .mean())"
+        )
+    return loss
+
+
+def loss_fault(loss: Any) -> str | None:
+    """What is wrong with a training loss, or None (its metadata only: no read)."""
+    if not isinstance(loss, torch.Tensor):
+        return f"a {type(loss).__name__}, not a tensor"
+    if loss.dim() != 0:
+        return f"a tensor of shape {tuple(loss.shape)}, not a scalar"
+    if not loss.is_floating_point():
+        return f"a tensor of {loss.dtype}"
+    if torch.is_grad_enabled() and not loss.requires_grad:
+        return "a tensor without a gradient (detached, or not computed from the logits)"
+    return None
 
 
 def labels_of(targets: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:

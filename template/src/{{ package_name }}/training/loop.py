@@ -16,6 +16,7 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -138,7 +139,7 @@ def train_step(run: Run, batches: Iterator[Any], stop: StopSignal) -> tuple[torc
             kept = _kept(run)
             raise blow_up_error(
                 run.task, raw_model, micro_batches, precision, device, step_loss / accum,
-                grad_norm, run.global_step + 1, kept,
+                grad_norm, run.global_step + 1, kept, partial(loss_of, run),
             )  # fmt: skip
         stop_now = _agree(run, stop)
     with record_function("optimizer"):
@@ -232,7 +233,7 @@ def check_health(run: Run) -> None:
     step = int(guard.step)
     raise blow_up_error(
         run.task, run.raw_model, _batches_of(run, step), run.config.speed.precision,
-        run.device, guard.loss, guard.norm, step, _kept(run),
+        run.device, guard.loss, guard.norm, step, _kept(run), partial(loss_of, run),
     )  # fmt: skip
 
 

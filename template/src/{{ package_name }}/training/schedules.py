@@ -9,6 +9,7 @@ registered the same way in extensions.py (`@slots.schedule("name")`, slots.py).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from .. import slots
@@ -18,6 +19,14 @@ def warmup(step: int, config: Any) -> float | None:
     """The warmup factor while `step` is in `--warmup-steps`, else None."""
     steps = config.optim.warmup_steps
     return (step + 1) / (steps + 1) if step < steps else None
+
+
+def scheduled(step: int, *, factor: Callable[..., float], total: int, config: Any) -> float:
+    """--warmup-steps' linear ramp, then the schedule's `factor` for a run of `total` steps: the
+    warm-up holds for every schedule, a registered one too (one that ramps up itself gets the
+    same values). The LambdaLR of train.build_scheduler, and of a resume that refits it."""
+    early = warmup(step, config)
+    return early if early is not None else float(factor(step, total, config))
 
 
 def _progress(step: int, total: int, config: Any) -> float:
