@@ -1,9 +1,19 @@
 """Your additions to the template's training loop, called at fixed points. This file is yours.
 
 A template release never rewrites it, and the template's code (training/task.py, training/loop.py)
-calls each
-function here where it says, so you add a metric without editing `evaluate()` and your change
-never conflicts with the template's.
+calls what you register here where it says, so you change the loss, the optimizer or a metric
+without editing the template's code, and your change never conflicts with the template's.
+Register with the slots (slots.py shows each with an example; docs/template.md's "Where to
+change what" says which to use):
+
+    from . import slots
+
+    @slots.training_loss             # or @slots.loss; @slots.optimizer, @slots.schedule("name"),
+    def focal(logits, targets, step):  # @slots.batch_transform("name"), @slots.train_metric,
+        ...                          # @slots.val_metric, @slots.set_metric(finish),
+                                     # @slots.callback("after_step"), @slots.state("name")
+
+`extra_metrics` below is the older way to add a per-sample validation metric; it still works.
 """
 
 from __future__ import annotations
