@@ -1,7 +1,9 @@
 """What the matrix asks of one render (tests/test_matrix.py, tests/test_matrix_slow.py): it
 installs, its CPU suite passes, and it trains one epoch from outside its own folder. One render
-(matrix.USER_DEFAULTS_RENDER) is first made the user's, as the docs invite: config.py's
-defaults changed, model.py's architectures replaced, a metric added in extensions.py.
+(matrix.USER_DEFAULTS_RENDER) is the user's: rendered from the last release and made theirs in
+their files, as the docs invite (config.py's defaults changed, model.py's architectures
+replaced, a metric and a researcher's registrations in extensions.py), then updated to the
+working tree (tests/kept_research.py); the LM render gets a model of the user's own.
 
 The slow render has a module of its own so that pytest-xdist, which keeps a module on one
 worker, runs its long suite beside the other renders instead of after them.
@@ -15,12 +17,12 @@ import sys
 from pathlib import Path
 
 from helpers import check_project, pip_install_editable, run, run_project_suite
+from kept_research import kept_and_updated, move_to_the_slots, workarounds_still_work
 from matrix import (
     MATRIX,
     PARTIAL_SUITES,
     SLOW_FILES,
     SLOW_RENDER,
-    USER_DEFAULTS,
     USER_DEFAULTS_RENDER,
     USER_LM_RENDER,
     package_name,
@@ -29,27 +31,33 @@ from matrix import (
 GROUP_CLASS = re.compile(r"^class (\w+Config)\b[^\n]*\n(.*?)(?=^\S|\Z)", re.M | re.S)
 
 
-def change_defaults(project: Path, defaults: dict[str, str]) -> None:
+def change_defaults(
+    project: Path, defaults: dict[str, str], base: str = "settings/base.py"
+) -> None:
     """Set defaults as config.py's docstring tells a user to: as arguments of their group's
     line in `Config`, `optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))`
-    (the group of each field read from the template's settings/base.py)."""
+    (the group of each field read from the template's `base`, settings/base.py; 0.3.0's was
+    config_base.py), beside the defaults already changed there."""
     (config,) = project.glob("src/*/config.py")
-    base = (config.parent / "settings" / "base.py").read_text()
+    base_text = (config.parent / base).read_text()
     by_group: dict[str, list[str]] = {}
     for name, value in defaults.items():
         owners = [
             g
-            for g, body in GROUP_CLASS.findall(base)
+            for g, body in GROUP_CLASS.findall(base_text)
             if g != "BaseConfig" and f"\n    {name}: " in f"\n{body}"  # the groups' holder
         ]
         assert len(owners) == 1, f"{config}: the default of {name} is in no one group: {owners}"
         by_group.setdefault(owners[0], []).append(f"{name}={value}")
     text = config.read_text()
     for group, arguments in by_group.items():
-        line = rf"^(    \w+: {group} = field\()default_factory={group}\)$"
         exploded = "".join(f"            {argument},\n" for argument in arguments)
-        new = f"\\1\n        default_factory=lambda: {group}(\n{exploded}        )\n    )"
-        text, count = re.subn(line, new, text, flags=re.M)
+        changed = rf"^(    \w+: {group} = field\(\n        default_factory=lambda: {group}\(\n)"
+        text, count = re.subn(changed, rf"\g<1>{exploded}", text, flags=re.M)
+        if count == 0:  # the group's defaults as the template wrote them
+            line = rf"^(    \w+: {group} = field\()default_factory={group}\)$"
+            new = f"\\1\n        default_factory=lambda: {group}(\n{exploded}        )\n    )"
+            text, count = re.subn(line, new, text, flags=re.M)
         assert count == 1, f"{config}: no `{group}` line in Config where a user changes defaults"
     config.write_text(text)
 
@@ -133,10 +141,11 @@ def extra_metrics(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torc
 
 
 # ---- A researcher's registrations (issue 52, item 7's Done-when) ----
-# USER_DEFAULTS_RENDER's extensions.py also gets what a researcher registers, in user files
-# only: a focal loss for training driven by a flag of its own (config.py's `focal_gamma`), AdamW
-# with a head/backbone split at a rate of its own flag (`head_lr_mult`), a one-cycle schedule and
-# a batch transform, both made the defaults, a balanced accuracy over the whole validation set,
+# USER_DEFAULTS_RENDER's extensions.py ends with what a researcher registers, in user files
+# only (their 0.3.0 workarounds moved into these slots, tests/kept_research.py): a focal loss
+# for training driven by a flag of its own (config.py's `focal_gamma`), AdamW with a
+# head/backbone split at a rate of its own flag (`head_lr_mult`), a one-cycle schedule and a
+# batch transform, both made the defaults, a balanced accuracy over the whole validation set,
 # and per-class counts kept per rank in every checkpoint, with a line per epoch. The whole fast
 # suite then runs: the template's tests that need the template's defaults set them themselves.
 USER_SETTINGS = """
@@ -268,21 +277,6 @@ def moot_flags_are_refused(project: Path, package: str) -> None:
         assert flags[0] in line and "@slots." in line, (flags, line)
 
 
-def add_research(project: Path) -> None:
-    """A researcher's settings in config.py and registrations in extensions.py (above)."""
-    (config,) = project.glob("src/*/config.py")
-    text = config.read_text()
-    validate = "\n    def validate(self) -> None:\n"
-    assert text.count(validate) == 1, f"{config}: no `validate` to add fields before"
-    config.write_text(text.replace(validate, USER_SETTINGS + validate))
-    (extensions,) = project.glob("src/*/extensions.py")
-    text = extensions.read_text()
-    imports = "import torch\n"
-    assert text.count(imports) == 1, f"{extensions}: no `import torch` line"
-    header = "import math\nfrom typing import Any\n\n" + imports + "\nfrom . import slots\n"
-    extensions.write_text(text.replace(imports, header) + USER_RESEARCH)
-
-
 def make_model_yours(text: str, user_model: str = USER_MODEL) -> str:
     """model.py with the user's classes and registrations after the template's (its imports
     give them `slots`, `Config` and `DataInfo`)."""
@@ -344,19 +338,12 @@ def without_the_template_models(text: str) -> str:
     return text
 
 
-def make_it_yours(project: Path) -> None:
-    (model,) = project.glob("src/*/model.py")
-    model.write_text(make_model_yours(without_the_template_models(model.read_text())))
-    (extensions,) = project.glob("src/*/extensions.py")
-    extensions.write_text(add_a_metric(extensions.read_text()))
-    add_research(project)
-
-
 def installs_and_passes_its_cpu_suite(project: Path, name: str) -> None:
     tests = list(PARTIAL_SUITES.get(name, []))
-    if name == USER_DEFAULTS_RENDER:
-        change_defaults(project, {**USER_DEFAULTS, **RESEARCH_DEFAULTS})
-        make_it_yours(project)
+    if name == USER_DEFAULTS_RENDER:  # the researcher's 0.3.0 project, updated (kept_research)
+        project = kept_and_updated(project.parent / f"{name}-kept", MATRIX[name])
+        workarounds_still_work(project, package_name(MATRIX[name]))
+        move_to_the_slots(project)
     as_made = make_the_language_model_yours(project) if name == USER_LM_RENDER else {}
     check_project(project, slow=False, python_version=MATRIX[name]["python_version"], tests=tests)
     if name == USER_DEFAULTS_RENDER:
