@@ -19,6 +19,7 @@ import pytest
 from mutations import PACKAGE, Mutation, assert_caught, bug, render_to_mutate, run_mutations
 
 TESTS = "test_language_model.py"
+SAMPLING = "test_sampling.py"  # generate and compress on a trained GPT
 
 TOKENIZERS, GPT2, PREPARE = "test_tokenizers.py", "test_gpt2_format.py", "test_prepare.py"
 
@@ -214,18 +215,18 @@ MUTATIONS = [
     # ---- generate.py: greedy, top-k, the context window -------------------------------------
     bug("lm-greedy-takes-the-least-likely-byte", "generate.py",
         "return logits.argmax().view(1)", "return logits.argmin().view(1)",
-        TESTS, "deterministic_by_seed"),
+        SAMPLING, "deterministic_by_seed"),
     bug("lm-top-k-ignored", "generate.py",
         "if top_k is not None and top_k < logits.numel():", "if False:",
-        TESTS, "deterministic_by_seed"),
+        SAMPLING, "deterministic_by_seed"),
     bug("lm-sampler-context-not-cropped", "generate.py",
         "logits = model(tokens[:, -seq_len:])[0, -1].float()",
         "logits = model(tokens)[0, -1].float()",
-        TESTS, "deterministic_by_seed"),
+        SAMPLING, "deterministic_by_seed"),
     bug("outsider-generate-feeds-first-window", "generate.py",
         "logits = model(tokens[:, -seq_len:])[0, -1].float()",
         "logits = model(tokens[:, :seq_len])[0, -1].float()",
-        TESTS, "slides"),
+        SAMPLING, "slides"),
     # ---- the key/value cache, top-p, stop strings (issue 37) -------------------------------
     bug("lm-cache-hides-each-new-position-from-itself", "model.py",
         "mask = seen <= at[:, None]", "mask = seen < at[:, None]",
@@ -292,7 +293,7 @@ MUTATIONS = [
     # ---- a second outside reader's bugs (not seen the tests) that the fast suite missed ----
     bug("outsider-compress-rescores-first-window-of-each-batch", "language/compress.py",
         "scored[batch == 0] = True", "scored[0] = True",
-        TESTS, "any_stride_by_hand"),
+        SAMPLING, "any_stride_by_hand"),
     bug("outsider-eval-text-windows-skip-a-byte", "evaluate.py",
         "starts = torch.arange(0, len(tokens) - 1, span)",
         "starts = torch.arange(0, len(tokens) - 1, span + 1)",
@@ -312,10 +313,10 @@ MUTATIONS = [
     # ---- language/compress.py: each byte scored once, for any stride (issue 36's outside review) -
     bug("lm-compress-scores-the-wrong-tail-off-half-stride", "language/compress.py",
         "scored[:, seq_len - stride :] = True", "scored[:, stride:] = True",
-        TESTS, "any_stride_by_hand"),
+        SAMPLING, "any_stride_by_hand"),
     bug("lm-compress-drops-the-first-window-s-head", "language/compress.py",
         "            scored[batch == 0] = True", "            pass",
-        TESTS, "any_stride_by_hand"),
+        SAMPLING, "any_stride_by_hand"),
     # ---- hostile inputs (issue 53) ----------------------------------------------------------
     bug("lm-prepare-overwrites-a-folder-of-the-users-files", "prepare.py",
         "    refuse_foreign(out)\n", "",
