@@ -3,8 +3,8 @@ last write (as torchtitan's `CheckpointManager` is its trainer's: `load()`, then
 every step that decides for itself whether to write).
 
 `train()` makes one per run, right after building it, and then calls
-`load()` once, `step(...)` after every optimizer step, `after_epoch(epoch)` after each
-epoch's end, `finish()` at the end, and leaves its `with` (also on an error). What it owns:
+`load()` once, `step(...)` after every optimizer step, `after_validation()` after each
+validation, `finish()` at the end, and leaves its `with` (also on an error). What it owns:
 
 - **Resume** (`load`): `--resume PATH`, or for `--resume auto` the newest complete
   checkpoint of the run dir (checkpointing/resume.py: a partial newest one is skipped);
@@ -12,8 +12,8 @@ epoch's end, `finish()` at the end, and leaves its `with` (also on an error). Wh
   the steps that will be redone.
 - **When to save** (`step`): `--save-every N` (optimizer steps) or `--save-every-minutes M`
   (under torchrun the ranks' agreed "time is up": `loop._agree` asks `late` and hands the
-  verdict to `agree_late`), never on an epoch's last step: the epoch's end saves
-  (`loop.end_epoch` calls `save`, best.pt with it when the validation improved). A kill -9
+  verdict to `agree_late`), never on a validation's step: the validation saves
+  (`loop.end_interval` calls `save`, best.pt with it when the validation improved). A kill -9
   then costs at most N steps (M minutes).
 - **How** (`save`): every rank checks the weights first (nothing non-finite is saved) and
   learns every verdict, so a refusal or a failed write stops all ranks together. The file
@@ -24,7 +24,7 @@ epoch's end, `finish()` at the end, and leaves its `with` (also on an error). Wh
 - **Stop signals** (`signals`, a runtime/stopping.StopSignal that `train()` enters once the
   run has started): the step every rank agreed to stop at (in one process: the step the
   signal arrived in) saves, waits for its write and raises `Interrupted` (exit 128+N); a
-  signal during a save or an epoch's end stops on that checkpoint, with no step more.
+  signal during a save or a validation stops on that checkpoint, with no step more.
 """
 
 from __future__ import annotations

@@ -227,7 +227,7 @@ def _update(run: Run, skip: torch.Tensor | None) -> None:
 
 
 def check_health(run: Run) -> None:
-    """The guard's one read, at a log step, an epoch's end and before any save: a step since
+    """The guard's one read, at a log step, a validation and before any save: a step since
     the last read that was non-finite stops the run here, before anything is logged, saved
     or evaluated, with the line the step's own check gives: its number, loss and norm, and
     the diagnosis of its batches (read again: the weights are still those before it, since
