@@ -17,6 +17,10 @@ CHECKPOINTS = [
         "if run.validates_at(run.global_step) and run.validated_step != run.global_step:",
         "if False:",
         "test_step_loop.py", "before_a_validation"),
+    bug("an-old-checkpoint-of-an-epochs-last-step-never-validated", "checkpointing/checkpointer.py",
+        "run.validated_step = run.global_step if run.skip_samples == 0 else 0",
+        "run.validated_step = run.global_step",
+        "test_step_loop.py", "before_the_validated"),
     # ---- checkpointing/checkpointer.py, steps.py: --save-every, --keep-last, background saves --
     bug("keep-last-keeps-one-more", "checkpointing/steps.py",
         "older[: max(0, len(older) - (keep - 1))]", "older[: max(0, len(older) - keep)]",
