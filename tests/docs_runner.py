@@ -145,8 +145,8 @@ class Runner:
             if budget_in_config(self.project, args):  # configs/cpu-30min.toml's 2,800 steps
                 args = [*args, "--max-steps", "1", "--eval-every", "1"]
             if any(flag in args for flag in BUDGETS):
-                # A step budget sets the epochs and refuses --max-steps-per-epoch: its own
-                # flags shrink instead.
+                # A step budget replaces --epochs (and --max-steps-per-epoch would not
+                # shorten it): its own flags shrink instead.
                 args = shrink_budget(args)
                 shrink = [*SHRINK[:-2], "--seq-len", "64"]
         return {"cwd": str(self.project), "module": module, "args": [*args, *shrink]}

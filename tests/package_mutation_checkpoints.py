@@ -8,6 +8,19 @@ from __future__ import annotations
 from mutations import bug
 
 CHECKPOINTS = [
+    # ---- issue 52: one loop of optimizer steps, --eval-every, a stop before a validation ------
+    bug("eval-every-one-step-late", "training/run.py",
+        "return (step - self.origin) % self.eval_every == 0 or",
+        "return (step - self.origin - 1) % self.eval_every == 0 or",
+        "test_step_loop.py", "eval_every"),
+    bug("a-stop-before-a-validation-never-validates-on-resume", "train.py",
+        "if run.validates_at(run.global_step) and run.validated_step != run.global_step:",
+        "if False:",
+        "test_step_loop.py", "before_a_validation"),
+    bug("an-old-checkpoint-of-an-epochs-last-step-never-validated", "checkpointing/checkpointer.py",
+        "run.validated_step = run.global_step if run.skip_samples == 0 else 0",
+        "run.validated_step = run.global_step",
+        "test_step_loop.py", "before_the_validated"),
     # ---- checkpointing/checkpointer.py, steps.py: --save-every, --keep-last, background saves --
     bug("keep-last-keeps-one-more", "checkpointing/steps.py",
         "older[: max(0, len(older) - (keep - 1))]", "older[: max(0, len(older) - keep)]",
@@ -25,7 +38,7 @@ CHECKPOINTS = [
         "self.finish()  # written before the line says it is", "pass",
         "test_step_checkpoints.py", "stop_signal_waits"),
     bug("a-signal-during-validation-runs-one-more-step", "checkpointing/checkpointer.py",
-        "if epoch + 1 < self.run.config.optim.epochs and self.stopping():",
+        "if self.run.global_step < self.run.total_steps and self.stopping():",
         "if False:",
         "test_step_checkpoints.py", "during_validation"),
     # ---- issue 53, G5: staging into kept buffers, DCP's async_save, kills mid-write --------

@@ -74,7 +74,7 @@ TASK_SETTINGS = {
     "image": {"image_size", "num_classes", "synthetic_noise", "augment", "trivial_augment",
               "erase", "hf_model", "freeze", "smoothing", "backbone_lr_factor"},
     "lm": {"seq_len", "depth", "heads", "position", "activation", "tokenizer", "vocab_size",
-           "text_field", "allow_corpus_change", "max_steps", "max_tokens", "eval_every"},
+           "text_field", "allow_corpus_change", "max_tokens"},
 }  # fmt: skip
 # Benchmark sections by number (benchmarks/cli.py's SECTIONS): the other task's are not listed.
 TASK_SECTIONS = {"image": {1, 11, 12}, "lm": {10}}

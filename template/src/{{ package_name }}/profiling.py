@@ -78,7 +78,7 @@ def profiled_config(config: Config, total_steps: int, out: Path) -> Config:
             f"of --batch-size {config.optim.batch_size} x --grad-accum-steps "
             f"{config.optim.grad_accum_steps}"
         )
-    return config.replace(
+    return config.in_epochs(
         epochs=math.ceil(total_steps / steps_per_epoch),
         max_steps_per_epoch=min(total_steps, steps_per_epoch),
         run_dir=str(out / "run"),

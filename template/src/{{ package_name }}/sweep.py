@@ -286,10 +286,15 @@ def run_sweep(spec: Spec) -> Any:
         )
         config.validate()
 
+        every = getattr(config.optim, "eval_every", None)
+
         def on_epoch(metrics: dict[str, Any]) -> None:
-            trial.report(metrics[spec.metric], metrics["epoch"])
+            # After each validation, numbered by epoch (by default one an epoch) or, with
+            # --eval-every, by interval: Optuna keeps one value per number.
+            at = metrics["epoch"] if not every else math.ceil(metrics["global_step"] / every)
+            trial.report(metrics[spec.metric], at)
             if trial.should_prune():
-                raise optuna.TrialPruned(f"pruned after epoch {metrics['epoch']}")
+                raise optuna.TrialPruned(f"pruned after {'validation' if every else 'epoch'} {at}")
 
         try:
             result = train(config, on_epoch=on_epoch)

@@ -66,7 +66,7 @@ def time_steps(config: Config, steps: int, warmup: int) -> list[float]:
             raise _TrialDone
 
     with tempfile.TemporaryDirectory(prefix="tune-") as run_dir:
-        trial = config.replace(
+        trial = config.in_epochs(
             epochs=warmup + steps,  # enough also when an epoch is shorter than the trial
             max_steps_per_epoch=warmup + steps,
             run_dir=run_dir,

@@ -94,7 +94,7 @@ def _loop_config(ctx: Context, wanted: int) -> tuple[Config, int]:
     # One step after each epoch's end is not timed (see `on_step`): that many more steps.
     total_steps = wanted + wanted // steps_per_epoch + 1
     epoch_steps = min(total_steps, steps_per_epoch)
-    loop_config = config.replace(
+    loop_config = config.in_epochs(
         compile="off",
         epochs=math.ceil(total_steps / epoch_steps),
         max_steps_per_epoch=epoch_steps,

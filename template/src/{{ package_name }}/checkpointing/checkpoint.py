@@ -305,6 +305,9 @@ def _malformed(state: dict[str, Any]) -> str | None:
         value = state[key]
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             return f"'{key}' must be a non-negative integer, got {value!r}"
+    validated = state.get("validated_step", 0)  # older checkpoints lack it
+    if not isinstance(validated, int) or isinstance(validated, bool) or validated < 0:
+        return f"'validated_step' must be a non-negative integer, got {validated!r}"
     for key in ("model", "optimizer", "scheduler", "scaler", "config", "rng"):
         if not isinstance(state[key], dict):
             return f"'{key}' must be a dict, got {type(state[key]).__name__}"

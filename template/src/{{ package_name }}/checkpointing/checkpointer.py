@@ -3,8 +3,8 @@ last write (as torchtitan's `CheckpointManager` is its trainer's: `load()`, then
 every step that decides for itself whether to write).
 
 `train()` makes one per run, right after building it, and then calls
-`load()` once, `step(...)` after every optimizer step, `after_epoch(epoch)` after each
-epoch's end, `finish()` at the end, and leaves its `with` (also on an error). What it owns:
+`load()` once, `step(...)` after every optimizer step, `after_validation()` after each
+validation, `finish()` at the end, and leaves its `with` (also on an error). What it owns:
 
 - **Resume** (`load`): `--resume PATH`, or for `--resume auto` the newest complete
   checkpoint of the run dir (checkpointing/resume.py: a partial newest one is skipped);
@@ -12,8 +12,8 @@ epoch's end, `finish()` at the end, and leaves its `with` (also on an error). Wh
   the steps that will be redone.
 - **When to save** (`step`): `--save-every N` (optimizer steps) or `--save-every-minutes M`
   (under torchrun the ranks' agreed "time is up": `loop._agree` asks `late` and hands the
-  verdict to `agree_late`), never on an epoch's last step: the epoch's end saves
-  (`loop.end_epoch` calls `save`, best.pt with it when the validation improved). A kill -9
+  verdict to `agree_late`), never on a validation's step: the validation saves
+  (`loop.end_interval` calls `save`, best.pt with it when the validation improved). A kill -9
   then costs at most N steps (M minutes).
 - **How** (`save`): every rank checks the weights first (nothing non-finite is saved) and
   learns every verdict, so a refusal or a failed write stops all ranks together. The file
@@ -24,7 +24,7 @@ epoch's end, `finish()` at the end, and leaves its `with` (also on an error). Wh
 - **Stop signals** (`signals`, a runtime/stopping.StopSignal that `train()` enters once the
   run has started): the step every rank agreed to stop at (in one process: the step the
   signal arrived in) saves, waits for its write and raises `Interrupted` (exit 128+N); a
-  signal during a save or an epoch's end stops on that checkpoint, with no step more.
+  signal during a save or a validation stops on that checkpoint, with no step more.
 """
 
 from __future__ import annotations
@@ -105,51 +105,57 @@ class Checkpointer:
         checkpoint.check_compatible(state, config.flat(), resume_path)
         run.task.check_resume(state, config, resume_path, run.log)  # the LM's corpus
         checkpoint_state.restore(run, state, resume_path)  # every part of checkpointing/state.py
+        _validated_before(run, state)  # a checkpoint from before runs recorded it
         if budgeted:
             _place_in_budget(run)
         else:
             _fit_schedule(run)
         if run.ctx.is_main:  # steps after the checkpoint will be redone: not recorded twice
             rundir.trim_metrics(run_dir / "metrics.jsonl", run.global_step)
-        run.log(f"resumed from {resume_path}: epoch {run.epoch + 1}, step {run.global_step}")
+        epoch = run.position(run.global_step)[0] + 1
+        run.log(f"resumed from {resume_path}: epoch {epoch}, step {run.global_step}")
         slots.run_callbacks("after_resume", run)
         return True
 
-    def step(self, epoch: int, step_in_epoch: int, stop_now: bool, log: Callable[[], None]) -> None:
-        """After every optimizer step (`step_in_epoch` of `epoch`): save when --save-every or
-        --save-every-minutes asks, or when the ranks agreed to stop (`stop_now`, from
-        loop.train_step). `log` writes the train record of the steps not yet recorded, called
-        first: the saved totals include them. A stop raises Interrupted once its checkpoint
-        is written, and so does a signal that arrived during this save."""
+    def step(self, stop_now: bool, log: Callable[[], None]) -> None:
+        """After every optimizer step: save when --save-every or --save-every-minutes asks, or
+        when the ranks agreed to stop (`stop_now`, from loop.train_step). `log` writes the
+        train record of the steps not yet recorded, called first: the saved totals include
+        them. A stop raises Interrupted once its checkpoint is written (a stop in the step
+        before a validation too: the resumed run validates first), and so does a signal
+        that arrived during this save."""
         run = self.run
         # A signal that arrived during this step stops right here in a single process; under
         # DDP the ranks stop where the agreed flag told all of them to (the step after it was
         # raised: loop._agree).
         stop_now = stop_now or (self.signals.signum is not None and not run.ctx.enabled)
-        save_now = self.due(step_in_epoch)  # --save-every, --save-every-minutes
+        save_now = self.due()  # --save-every, --save-every-minutes
         if not (stop_now or save_now):
             return
         if run.meter.steps:  # none when this step's own record was just written
             log()
-        done = (step_in_epoch + 1) * run.samples_per_step
+        # The epoch this step trained in and its steps done: an epoch's last step stands at
+        # the epoch's end, not the next one's start (an old checkpoint's form, kept)
+        epoch, index = run.position(run.global_step - 1)
+        done = (index + 1) * run.samples_per_step
         self.save(epoch, done, run.epoch_totals, improved=False, val_loss=0.0)
         # A signal during a step checkpoint's save stops on it: no step, no save more.
         if stop_now or self.stopping():
             self.finish()  # written before the line says it is
             raise self._interrupted()
 
-    def after_epoch(self, epoch: int) -> None:
-        """After `epoch`'s end (validation, its checkpoint, train()'s on_epoch): a signal that
-        arrived meanwhile stops on that checkpoint (Interrupted, once it is written), unless
-        it was the last epoch, which `finish` ends."""
-        if epoch + 1 < self.run.config.optim.epochs and self.stopping():
+    def after_validation(self) -> None:
+        """After a validation (its checkpoint, train()'s on_epoch): a signal that arrived
+        meanwhile stops on that checkpoint (Interrupted, once it is written), unless it was
+        the run's last, which `finish` ends."""
+        if self.run.global_step < self.run.total_steps and self.stopping():
             raise self._interrupted()
 
-    def due(self, step_in_epoch: int) -> bool:
+    def due(self) -> bool:
         """Whether --save-every (or --save-every-minutes) asks for a save after this step; the
-        same answer on every rank. Never on an epoch's last step: the epoch's end saves."""
+        same answer on every rank. Never on a validation's step: the validation saves."""
         run = self.run
-        if step_in_epoch + 1 >= run.steps_per_epoch or run.global_step >= run.total_steps:
+        if run.validates_at(run.global_step):
             return False
         if self.every is not None:
             return bool(run.global_step % self.every == 0)
@@ -319,32 +325,42 @@ def _budgeted(config: Any) -> bool:
     return bool(getattr(optim, "max_steps", None) or getattr(optim, "max_tokens", None))
 
 
+def _validated_before(run: Run, state: dict[str, Any]) -> None:
+    """The step of the checkpoint's last validation. One saved before checkpoints kept it
+    stands at an epoch's start (validated there) or inside it (not since its start), but a
+    stop in an epoch's last step saved the whole epoch done and not validated: the resumed
+    run validates first, as it did then."""
+    if "validated_step" not in state:
+        run.validated_step = run.global_step if run.skip_samples == 0 else 0
+
+
 def _place_in_budget(run: Run) -> None:
-    """Under a step budget an interval is --eval-every steps, or the budget itself: a budget
-    changed on resume (a larger --max-steps, another --batch-size) changes the intervals, so
-    the checkpoint's interval count no longer says where the run stands. Its step does: the
-    run continues there (it stopped at the old budget's last interval, training nothing)."""
+    """Under a step budget the run's step says where it stands, whatever the checkpoint's
+    epoch says (a budget changed on resume, another --batch-size: the epochs moved); the data
+    continues in the epoch of that step. A run at or past the budget trains nothing."""
     if run.global_step >= run.total_steps:
         run.log(f"nothing left to train: the checkpoint is at step {run.global_step}, "
                 f"this run's budget is {run.total_steps} steps")  # fmt: skip
-        run.epoch, run.skip_samples = run.config.optim.epochs, 0
+        run.total_steps = run.global_step
         return
-    epoch, index = divmod(run.global_step, run.steps_per_epoch)
-    if (epoch, index * run.samples_per_step) != (run.epoch, run.skip_samples):
-        run.log(f"the budget's intervals changed ({run.steps_per_epoch} steps each now): "
+    at = run.epoch * run.steps_per_epoch + run.skip_samples // run.samples_per_step
+    if at != run.global_step:
+        run.log(f"the epochs changed ({run.steps_per_epoch} steps each now): "
                 f"continuing at step {run.global_step} of {run.total_steps}")  # fmt: skip
-        run.epoch, run.skip_samples = epoch, index * run.samples_per_step
 
 
 def _fit_schedule(run: Run) -> None:
     """A --batch-size, --grad-accum-steps or --max-steps-per-epoch changed on resume changes
-    the steps of an epoch: the schedule, which ends at --epochs x the new steps per epoch,
-    would end before the checkpoint's step (cosine at zero for every epoch left) or long
-    after the run. It is fitted to end with this run's last step."""
+    the steps of an epoch. Under --epochs the data continues where the checkpoint stood (its
+    epoch, its samples done), so epoch 0 now began at `run.origin`, and the run ends with
+    this run's --epochs: the schedule, which would end at --epochs x the new steps per epoch
+    (before the checkpoint's step: cosine at zero for every epoch left, or long after the
+    run), is fitted to end with this run's last step."""
     at = run.epoch * run.steps_per_epoch + run.skip_samples // run.samples_per_step
     if at == run.global_step:
         return
     total = run.global_step + max(0, run.total_steps - at)
+    run.origin, run.total_steps = run.global_step - at, total
     run.log(f"the steps per epoch changed since the checkpoint: the learning-rate schedule "
             f"now ends at step {total}")  # fmt: skip
     factor = slots.load().schedules[run.config.optim.lr_schedule]

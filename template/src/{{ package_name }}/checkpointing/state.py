@@ -114,6 +114,7 @@ def _save_progress(run: Run, at: Position) -> dict[str, Any]:
         "epoch": at.epoch,
         "samples_in_epoch": at.samples_in_epoch,
         "step": run.global_step,
+        "validated_step": run.validated_step,  # a step before a validation: not yet
         "epoch_totals": at.totals,
         "metrics": run.result,
         f"best_{run.task.best_by[0]}": run.best,  # None before the first validation
@@ -123,6 +124,7 @@ def _save_progress(run: Run, at: Position) -> dict[str, Any]:
 def _load_progress(run: Run, state: dict[str, Any], path: Path) -> None:
     run.epoch, run.skip_samples = state["epoch"], state["samples_in_epoch"]
     run.global_step, run.best = state["step"], state.get(f"best_{run.task.best_by[0]}")
+    run.validated_step = state.get("validated_step", 0)  # older: Checkpointer.load infers it
     run.epoch_totals = dict(state.get("epoch_totals", {}))
     run.result = dict(state.get("metrics", {}))
 

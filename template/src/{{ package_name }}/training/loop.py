@@ -2,9 +2,10 @@
 
 `Run` (training/run.py) holds one run: the parts `train.build_run` makes and where the run
 stands. Then:
-`begin_epoch`, `train_step` (one optimizer step: micro-batches, accumulation, clipping, the
-health check, the update), `log_progress` (the periodic train record) and `end_epoch`
-(evaluate, the epoch record, and its checkpoint through the run's `Checkpointer`:
+`next_batches` (the step's data: a new epoch's order where one begins), `train_step` (one
+optimizer step: micro-batches, accumulation, clipping, the health check, the update),
+`log_progress` (the periodic train record) and `end_interval` (every --eval-every steps:
+evaluate, the validation record, and its checkpoint through the run's `Checkpointer`:
 checkpointing/checkpointer.py, which makes every save). Each takes the `Run` and changes only
 what its name says; a test can call one alone.
 """
@@ -49,29 +50,33 @@ class Guard:
     norm: torch.Tensor
 
 
-def begin_epoch(run: Run, epoch: int) -> tuple[int, Iterator[Any]]:
-    """Order the epoch's data and reset its counters: (the first step to run, the batches)."""
-    start = epoch == run.epoch
+def next_batches(run: Run, step: int, batches: Iterator[Any] | None) -> Iterator[Any]:
+    """The batches optimizer step `step` (from 0) reads from: the epoch's iterator, or at an
+    epoch's start (and where a run starts or resumes) a new one in that epoch's order. The
+    epoch is only this: where the sampler reshuffles."""
+    epoch, index = run.position(step)
+    if batches is not None and index > 0:
+        return batches
     run.sampler.set_epoch(epoch)  # a new order every epoch, the same on resume
-    first_step = run.skip_samples // run.samples_per_step if start else 0
     # Skip the steps a resumed epoch already did without loading their batches.
-    run.sampler.start = first_step * run.samples_per_step
-    batches = iter(run.train_loader)
-    if not start or first_step == 0:
-        run.epoch_totals = {}
+    run.sampler.start = index * run.samples_per_step
+    return iter(run.train_loader)
+
+
+def begin_interval(run: Run) -> None:
+    """Before the steps up to the next validation: training mode, fresh meters and peaks."""
     if run.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(run.device)
     run.model.train()
     run.meter.reset()
-    return first_step, batches
 
 
-def progress_bar(run: Run, epoch: int, first_step: int) -> tqdm[Any]:
+def progress_bar(run: Run) -> tqdm[Any]:
     return tqdm(
-        total=run.steps_in(epoch),
-        initial=first_step,
+        total=run.total_steps,
+        initial=run.global_step,
         leave=False,
-        desc=f"epoch {epoch + 1}/{run.config.optim.epochs}",
+        desc="steps",
         dynamic_ncols=True,
         disable=not (run.ctx.is_main and run.config.log.progress),
     )
@@ -222,7 +227,7 @@ def _update(run: Run, skip: torch.Tensor | None) -> None:
 
 
 def check_health(run: Run) -> None:
-    """The guard's one read, at a log step, an epoch's end and before any save: a step since
+    """The guard's one read, at a log step, a validation and before any save: a step since
     the last read that was non-finite stops the run here, before anything is logged, saved
     or evaluated, with the line the step's own check gives: its number, loss and norm, and
     the diagnosis of its batches (read again: the weights are still those before it, since
@@ -248,7 +253,7 @@ def _kept(run: Run) -> str:
 def _batches_of(run: Run, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The micro-batches of optimizer step `step` (counted from 1), read again in the run's
     order: the same samples (random augmentation draws anew; --batch-transform the same)."""
-    epoch, index = divmod(step - 1, run.steps_per_epoch)
+    epoch, index = run.position(step - 1)
     run.sampler.set_epoch(epoch)
     run.sampler.start = index * run.samples_per_step
     batches = iter(run.train_loader)
@@ -257,14 +262,14 @@ def _batches_of(run: Run, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [transform_batch(run, x, y, step - 1, micro) for micro, (x, y) in enumerate(moved)]
 
 
-def log_progress(run: Run, writer: MetricsWriter, epoch: int, bar: tqdm[Any]) -> None:
+def log_progress(run: Run, writer: MetricsWriter, bar: tqdm[Any]) -> None:
     """The periodic `train` record: the interval's meters, read and reset."""
     check_health(run)
     totals = run.meter.read()  # all-reduce + the interval's one extra sync
     add_totals(run.epoch_totals, totals)
     record = {
         "kind": "train",
-        "epoch": epoch + 1,
+        "epoch": run.epoch_of(run.global_step),
         "step": run.global_step,
         **summarize(totals),
         "lr": run.optimizer.param_groups[0]["lr"],
@@ -277,10 +282,11 @@ def log_progress(run: Run, writer: MetricsWriter, epoch: int, bar: tqdm[Any]) ->
     run.meter.reset()
 
 
-def end_epoch(run: Run, writer: MetricsWriter, epoch: int, checkpointer: Checkpointer) -> None:
-    """Evaluate, write the `epoch` record, save last.pt through `checkpointer` (and best.pt
-    when the task's `best_by` figure improved: val_acc for images, val_bpb for a language
-    model)."""
+def end_interval(run: Run, writer: MetricsWriter, checkpointer: Checkpointer) -> None:
+    """The validation every --eval-every steps (and at the budget's end): evaluate, write the
+    `epoch` record (named so since records had one per epoch: a validation's), save last.pt
+    through `checkpointer` (and best.pt when the task's `best_by` figure improved: val_acc
+    for images, val_bpb for a language model), then start the next interval."""
     check_health(run)
     add_totals(run.epoch_totals, run.meter.read())
     distributed.broadcast_buffers(run.raw_model)
@@ -293,9 +299,10 @@ def end_epoch(run: Run, writer: MetricsWriter, epoch: int, checkpointer: Checkpo
             run.task,
         )  # fmt: skip
     train_metrics = summarize(run.epoch_totals)
+    epoch = run.epoch_of(run.global_step)
     result = run.result = {
         "kind": "epoch",
-        "epoch": epoch + 1,
+        "epoch": epoch,
         "global_step": run.global_step,
         "train_loss": train_metrics["loss"],
         "train_acc": train_metrics["acc"],
@@ -314,17 +321,22 @@ def end_epoch(run: Run, writer: MetricsWriter, epoch: int, checkpointer: Checkpo
     improved = improves(run, val)
     result[f"best_{run.task.best_by[0]}"] = run.best
     run.log(
-        f"epoch {epoch + 1}/{run.config.optim.epochs}  train loss {result['train_loss']:.4f} "
-        f"acc {result['train_acc']:.3f} | val loss {val['val_loss']:.4f} "
-        f"acc {val['val_acc']:.3f} | lr {result['lr']:.2e} | "
+        f"step {run.global_step}/{run.total_steps} (epoch {epoch})  train loss "
+        f"{result['train_loss']:.4f} acc {result['train_acc']:.3f} | val loss "
+        f"{val['val_loss']:.4f} acc {val['val_acc']:.3f} | lr {result['lr']:.2e} | "
         f"{result['samples_per_s']:.0f} {run.task.unit}/s, data wait "
         f"{100 * result['data_wait']:.0f}%"
     )
-    checkpointer.save(epoch + 1, 0, {}, improved=improved, val_loss=val["val_loss"])
-    run.skip_samples = 0  # the next epoch starts at its beginning
+    run.validated_step, run.epoch_totals = run.global_step, {}  # the next interval's
+    epochs_done, steps_done = run.position(run.global_step)
+    checkpointer.save(
+        epochs_done, steps_done * run.samples_per_step, {}, improved=improved,
+        val_loss=val["val_loss"],
+    )  # fmt: skip
     if improved:
-        best = {"kind": "best", "step": run.global_step, "epoch": epoch + 1}
+        best = {"kind": "best", "step": run.global_step, "epoch": epoch}
         writer.write({**best, run.task.best_by[0]: run.best, "path": str(run.best_path)})
+    begin_interval(run)
 
 
 def improves(run: Run, val: dict[str, float]) -> bool:

@@ -56,8 +56,8 @@ class Run:
     val_loader: DataLoader[Any]
     meter: Meter
     utilization: Utilization
-    steps_per_epoch: int
-    total_steps: int  # --epochs x steps_per_epoch, or the LM's --max-steps (its last is cut)
+    steps_per_epoch: int  # the epoch: where the sampler reshuffles, nothing more
+    total_steps: int  # the budget: --epochs x steps_per_epoch, or --max-steps (--max-tokens)
     header: str  # the one line that describes the run when it starts
     record: dict[str, Any]  # metrics.run_record: the run's first metrics line, in checkpoints
     log: Callable[[str], None]  # console.log on rank 0, silent elsewhere
@@ -67,14 +67,20 @@ class Run:
     # The step's micro-batches (inputs, targets) on the device, after --batch-transform: what
     # an after_step callback sees of the batch (empty outside it, so no batch outlives its step)
     batches: list[tuple[Any, Any]] = field(default_factory=list)
+    eval_every: int = 1  # validate (and save best.pt, last.pt) every N steps: --eval-every
     # Where the run stands: saved in every checkpoint (checkpointing/state.py), restored on
     # resume, with the `@slots.state` objects (the EMA, yours) by name.
-    epoch: int = 0  # the epoch to start (or resume) in
-    skip_samples: int = 0  # samples of that epoch already done (per rank)
-    global_step: int = 0
+    epoch: int = 0  # the checkpoint's epoch and samples done in it (per rank), as restored
+    skip_samples: int = 0
+    global_step: int = 0  # optimizer steps done: the loop's one counter
+    validated_step: int = 0  # the step of the last validation (0: none yet)
+    # The step at which epoch 0 began: 0, unless a resume under --epochs changed the steps
+    # of an epoch (checkpointer._fit_schedule: the data continues where it stood)
+    origin: int = 0
     best: float | None = None  # the best validation figure of task.best_by so far
+    # The train metrics' totals since the last validation (the key keeps its old name)
     epoch_totals: dict[str, float] = field(default_factory=dict)
-    result: dict[str, Any] = field(default_factory=dict)  # the last epoch's metrics
+    result: dict[str, Any] = field(default_factory=dict)  # the last validation's metrics
     states: dict[str, slots.Stateful] = field(default_factory=dict)
     # Its saves (when, where, in the background), resume and stop path: made by train()
     checkpointer: Checkpointer | None = None
@@ -104,9 +110,21 @@ class Run:
         suffix = sharded_checkpoint.SUFFIX if self.sharded else ".pt"
         return Path(self.config.run.run_dir) / "checkpoints" / f"{name}{suffix}"
 
-    def steps_in(self, epoch: int) -> int:
-        """Optimizer steps in `epoch`: all of them, but the budget's last stops at its end."""
-        return max(0, min(self.steps_per_epoch, self.total_steps - epoch * self.steps_per_epoch))
+    def position(self, step: int) -> tuple[int, int]:
+        """Where the data stands after `step` optimizer steps: (epoch, steps done in it)."""
+        epoch, index = divmod(step - self.origin, self.steps_per_epoch)
+        return epoch, index
+
+    def epoch_of(self, step: int) -> int:
+        """The epoch (from 1) that optimizer step `step` (from 1) trained in."""
+        return self.position(step - 1)[0] + 1
+
+    def validates_at(self, step: int) -> bool:
+        """Whether a validation follows optimizer step `step` (from 1): every --eval-every
+        steps (counted where the epochs are), and at the budget's end."""
+        if step <= 0:
+            return False
+        return (step - self.origin) % self.eval_every == 0 or step >= self.total_steps
 
     @property
     def samples_per_step(self) -> int:

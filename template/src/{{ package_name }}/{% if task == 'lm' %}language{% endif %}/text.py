@@ -310,29 +310,18 @@ def bytes_per_token(dataset: Dataset[Any], tokenizer: Tokenizer, sample: int = 1
     return max(float(table[picked.long()].double().mean()), 1e-9)
 
 
-def step_budget(config: Config, world_size: int) -> tuple[Config, int | None]:
-    """A budget in optimizer steps as epochs: (the settings to run, the steps in all).
-
-    With `--max-steps N` (or `--max-tokens`, N = tokens / (global batch x seq_len) rounded
-    up) an "epoch" is an interval of E = `--eval-every` steps (default: the steps of
-    `--train-samples` windows, at most N) on E x global batch fresh windows, ending in a
-    validation and a save: `--epochs` becomes ceil(N / E), `--train-samples` E x global
-    batch, and the last interval stops at step N. So `--epochs K --train-samples S` trains
-    the same as `--max-steps K*S/B --eval-every S/B` when the global batch B divides S.
-    Without a budget: `config` as it is, and None.
-    """
+def step_budget(config: Config, world_size: int) -> int | None:
+    """The run's optimizer steps in all under a budget: `--max-steps N`, or `--max-tokens T`
+    as N = T / (global batch x seq_len) rounded up; None without either (--epochs counts).
+    The budget counts steps only: --train-samples stays the windows of an epoch (where the
+    windows are drawn afresh), --eval-every the steps between validations."""
     optim = config.optim
-    steps = getattr(optim, "max_steps", None)  # getattr: an OptimConfig of yours may lack them
+    steps: int | None = getattr(optim, "max_steps", None)  # an OptimConfig of yours may lack it
     tokens = getattr(optim, "max_tokens", None)
-    if steps is None and tokens is None:
-        return config, None
+    if steps is not None or tokens is None:
+        return steps
     batch = optim.batch_size * optim.grad_accum_steps * world_size  # windows per step
-    if steps is None:  # then tokens is set
-        steps = max(1, math.ceil((tokens or 0) / (batch * config.model.seq_len)))
-    default_every = max(1, config.data.train_samples // batch)
-    every = min(steps, getattr(optim, "eval_every", None) or default_every)
-    epochs = math.ceil(steps / every)
-    return config.replace(epochs=epochs, train_samples=every * batch), steps
+    return max(1, math.ceil(tokens / (batch * config.model.seq_len)))
 
 
 def bigram_bits_per_byte(train: torch.Tensor, val: torch.Tensor) -> float:
