@@ -12,8 +12,11 @@ only, when an ONNX export runs: without them the package and its other commands 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Sequence
+import logging
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,20 +43,37 @@ def onnxruntime() -> Any:
         raise ConfigError(MISSING) from None
 
 
+@contextlib.contextmanager
+def quiet_exporter() -> Iterator[None]:
+    """The exporter's warnings about itself (torchvision ops it skips, its deprecations) kept
+    off stderr, where a refusal is one line."""
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield
+    finally:
+        logger.setLevel(level)
+
+
 def to_onnx(
     model: nn.Module, example: tuple[torch.Tensor, ...], dynamic: Sequence[dict[int, Any]]
 ) -> bytes:
     """The ONNX model's bytes: the dynamo exporter, `dynamic` the shapes of each input."""
     names = [f"input{i}" for i in range(len(example))]
-    program = torch.onnx.export(
-        model,
-        example,
-        dynamo=True,
-        dynamic_shapes=tuple(dynamic),
-        input_names=names if len(names) > 1 else ["input"],
-        output_names=["logits"],
-        verbose=False,
-    )
+    with quiet_exporter():
+        program = torch.onnx.export(
+            model,
+            example,
+            dynamo=True,
+            dynamic_shapes=tuple(dynamic),
+            input_names=names if len(names) > 1 else ["input"],
+            output_names=["logits"],
+            verbose=False,
+        )
     if program is None:  # only the TorchScript exporter (dynamo=False) returns None
         raise ParityError("torch.onnx.export returned no program")
     return bytes(program.model_proto.SerializeToString())
