@@ -121,6 +121,10 @@ ENV_PACKAGES = [
     "pyarrow>=15",
     "datasets>=2.19",
     "webdataset>=0.2",  # the image projects' tests write shards with it
+    # ONNX export (extra `onnx`): both tasks' export --format onnx and its ONNX Runtime tests.
+    "onnx>=1.16",
+    "onnxruntime>=1.18",
+    "onnxscript>=0.2",
     "mkdocs-material>=9.5",  # the docs session and tests/test_docs.py build the site
 ]
 NO_CUDA = "no CUDA device: GPU checks skipped"

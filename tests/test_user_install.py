@@ -40,7 +40,7 @@ README_INSTALL = re.compile(r'^pip install -e "(\.\[[^"\]]*\])"$', re.M)
 NOXFILE = load_module(ROOT / "noxfile.py", "template_repo_noxfile_user_install")
 TORCH_RULE = NOXFILE.TORCH_RULE
 # The extras' libraries (trackers, sweeps, plots), none of which `.[test]` may bring.
-EXTRAS = [*NOXFILE.HIDDEN_EXTRAS, "matplotlib"]
+EXTRAS = [*NOXFILE.HIDDEN_EXTRAS, "matplotlib", "onnxruntime"]  # onnx: export --format onnx
 
 
 class UserEnv:
