@@ -112,7 +112,10 @@ class Checkpointer:
             _fit_schedule(run)
         if run.ctx.is_main:  # steps after the checkpoint will be redone: not recorded twice
             rundir.trim_metrics(run_dir / "metrics.jsonl", run.global_step)
-        epoch = run.position(run.global_step)[0] + 1
+        # The epoch of the next step; at the budget's end, of the run's last step (not one
+        # past --epochs)
+        step = run.global_step + (run.global_step < run.total_steps)
+        epoch = run.epoch_of(max(step, 1))
         run.log(f"resumed from {resume_path}: epoch {epoch}, step {run.global_step}")
         slots.run_callbacks("after_resume", run)
         return True
