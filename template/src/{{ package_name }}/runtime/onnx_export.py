@@ -16,7 +16,8 @@ import contextlib
 import importlib
 import logging
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -86,12 +87,14 @@ def max_difference(
     """(largest absolute difference, largest excess over `atol + rtol * |eager|`) of ONNX
     Runtime's outputs from the eager model's over every sample; both NaN where a NaN is."""
     ort = onnxruntime()
-    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    session = _ort_call(lambda: ort.InferenceSession(data, providers=["CPUExecutionProvider"]))
     name = session.get_inputs()[0].name
     diffs, excesses = [], []
     for sample in samples:
         expected = model(sample).float()
-        got = torch.from_numpy(session.run(None, {name: sample.numpy()})[0]).float()
+        shape = "x".join(map(str, sample.shape))
+        output = _ort_call(partial(session.run, None, {name: sample.numpy()}), shape)[0]
+        got = torch.from_numpy(output).float()
         if got.shape != expected.shape:
             raise ParityError(
                 f"ONNX Runtime gave shape {tuple(got.shape)}, eager gave {tuple(expected.shape)}"
@@ -101,6 +104,17 @@ def max_difference(
         excesses.append((diff - atol - rtol * expected.abs()).max())
     # torch's max keeps a NaN (Python's max(0.0, nan) is 0.0): a NaN output fails the check.
     return float(torch.stack(diffs).max()), float(torch.stack(excesses).max())
+
+
+def _ort_call(call: Callable[[], Any], shape: str = "") -> Any:
+    """`call()`; a program ONNX Runtime cannot load, or run on a `shape` input (an axis the
+    exporter fixed, say), is a ParityError: one line, like a mismatch."""
+    try:
+        return call()
+    except Exception as error:  # onnxruntime's own exception types, not importable here
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        where = f"run the exported program on a {shape} input" if shape else "load the program"
+        raise ParityError(f"ONNX Runtime could not {where} ({first})") from None
 
 
 def export_onnx(
