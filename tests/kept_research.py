@@ -35,15 +35,22 @@ import yaml
 
 from helpers import ROOT, copy_template_repo, git, git_init_commit, render, run
 from matrix import USER_DEFAULTS, package_name
+from matrix_checks import USER_RESEARCH
 from test_release import release_revision
 from upgrade_notes import conflicted_files, follow, parse_steps
 
 RELEASE = "0.3.0"
 
+# The optimizer and the schedule, registered the same way in 0.3.0 and now: matrix_checks'.
+SHARED_RESEARCH = USER_RESEARCH[
+    USER_RESEARCH.index("@slots.optimizer\n") : USER_RESEARCH.index("@slots.batch_transform(")
+].rstrip("\n")
+
 # The researcher's extensions.py on 0.3.0. The model, optimizer, schedule and the line per epoch
 # are as in matrix_checks.USER_RESEARCH (0.3.0's slots carried them); the loss, the balanced
 # accuracy and the class counts are the workarounds above.
-RESEARCH_030 = '''
+RESEARCH_030 = (
+    '''
 
 # The focal loss's --focal-gamma: 0.3.0's loss sees no config, so the state factory below, which
 # sees the run, copies it here when the run starts.
@@ -63,28 +70,9 @@ def focal(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return -((1 - picked.exp()) ** FOCAL["gamma"] * picked).mean()
 
 
-@slots.optimizer
-def head_and_backbone(config: Any, model: torch.nn.Module, device: torch.device) -> Any:
-    """AdamW with the last layer at --head-lr-mult x --lr and the rest at --lr."""
-    named = list(model.named_parameters())
-    last = named[-1][0].rpartition(".")[0]
-    head = [p for n, p in named if n.rpartition(".")[0] == last]
-    body = [p for n, p in named if n.rpartition(".")[0] != last]
-    lr = config.optim.lr
-    groups = [{"params": body, "lr": lr}, {"params": head, "lr": lr * config.head_lr_mult}]
-    return torch.optim.AdamW(
-        [g for g in groups if g["params"]], lr=lr, weight_decay=config.optim.weight_decay
-    )
-
-
-@slots.schedule("onecycle")
-def one_cycle(step: int, total: int, config: Any) -> float:
-    """Up to --lr over the first 30% of the steps, then down to nothing, both cosine."""
-    peak = max(1, int(0.3 * total))
-    if step < peak:
-        return 0.5 * (1 - math.cos(math.pi * (step + 1) / peak))
-    return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - peak) / max(1, total - peak))))
-
+'''
+    + SHARED_RESEARCH
+    + '''
 
 # Balanced accuracy: 0.3.0 divides a validation metric's sums by the samples, so each class's
 # hits and count become means, whose ratio is still the class's recall.
@@ -145,6 +133,7 @@ def a_line_per_epoch(run: Any) -> None:
     seen = run.states["class_counts"].counts
     run.log(f"seen per class so far: {seen.tolist()}")
 '''
+)
 
 SETTINGS_030 = """
     focal_gamma: float = field(default=2.0, metadata={"help": "focal loss exponent"})

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 from helpers import check_project, pip_install_editable, run, run_project_suite
-from kept_research import kept_and_updated, move_to_the_slots, workarounds_still_work
 from matrix import (
     MATRIX,
     PARTIAL_SUITES,
@@ -341,6 +340,8 @@ def without_the_template_models(text: str) -> str:
 def installs_and_passes_its_cpu_suite(project: Path, name: str) -> None:
     tests = list(PARTIAL_SUITES.get(name, []))
     if name == USER_DEFAULTS_RENDER:  # the researcher's 0.3.0 project, updated (kept_research)
+        from kept_research import kept_and_updated, move_to_the_slots, workarounds_still_work
+
         project = kept_and_updated(project.parent / f"{name}-kept", MATRIX[name])
         workarounds_still_work(project, package_name(MATRIX[name]))
         move_to_the_slots(project)
