@@ -160,7 +160,7 @@ class ProjectLM(TemplateLM):
                 context.encode("utf-8", errors="surrogateescape"),
                 max_new_tokens=int(kwargs["max_gen_toks"]),
                 temperature=float(kwargs.get("temperature", 0.0)),
-                top_k=kwargs.get("top_k"),
+                top_k=kwargs.get("top_k") or None,  # 0: no top-k, as in transformers
                 top_p=kwargs.get("top_p"),
                 stop=stops,
                 generator=self.generator,
@@ -207,14 +207,18 @@ def run_tasks(
 ) -> dict[str, Any]:
     """lm-eval's results for the tasks (`simple_evaluate`), without per-example samples."""
     index, tasks = find_tasks(names, tasks_path)
-    results = evaluator.simple_evaluate(
-        model=lm,
-        tasks=tasks,
-        num_fewshot=num_fewshot,
-        limit=int(limit) if limit is not None and limit >= 1 else limit,
-        task_manager=index,
-        log_samples=False,
-    )
+    try:
+        results = evaluator.simple_evaluate(
+            model=lm,
+            tasks=tasks,
+            num_fewshot=num_fewshot,
+            limit=int(limit) if limit is not None and limit >= 1 else limit,
+            task_manager=index,
+            log_samples=False,
+        )
+    except (FileNotFoundError, ConnectionError) as error:  # a task's data: a path, the hub
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ConfigError(f"--tasks {','.join(names)}: a task's data cannot be read ({first})")
     if results is None:  # only ranks other than 0 of a distributed run get None
         raise ConfigError("lm-eval returned no results")
     results.pop("samples", None)
