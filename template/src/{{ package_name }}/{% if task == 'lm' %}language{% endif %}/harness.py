@@ -218,7 +218,8 @@ def run_tasks(
         )
     except (FileNotFoundError, ConnectionError) as error:  # a task's data: a path, the hub
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise ConfigError(f"--tasks {','.join(names)}: a task's data cannot be read ({first})")
+        problem = f"--tasks {','.join(names)}: a task's data cannot be read ({first})"
+        raise ConfigError(problem) from None
     if results is None:  # only ranks other than 0 of a distributed run get None
         raise ConfigError("lm-eval returned no results")
     results.pop("samples", None)
