@@ -125,6 +125,8 @@ ENV_PACKAGES = [
     "onnx>=1.16",
     "onnxruntime>=1.18",
     "onnxscript>=0.2",
+    # Downstream tasks (extra `eval` of a language model): evaluate --tasks and its tests.
+    "lm-eval>=0.4",
     "mkdocs-material>=9.5",  # the docs session and tests/test_docs.py build the site
 ]
 NO_CUDA = "no CUDA device: GPU checks skipped"
