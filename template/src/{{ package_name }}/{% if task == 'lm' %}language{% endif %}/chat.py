@@ -37,6 +37,7 @@ loss covers (predicted from the tokens before it); training sets the others to
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Sequence
@@ -140,9 +141,7 @@ def render_text(tokenizer: Tokenizer, messages: Sequence[dict[str, Any]], gen: b
     template, tokens = chat_template(tokenizer)
     try:
         return str(
-            _compiled(template).render(
-                messages=list(messages), add_generation_prompt=gen, **tokens
-            )
+            _compiled(template).render(messages=list(messages), add_generation_prompt=gen, **tokens)
         )
     except Exception as error:  # jinja2's errors and the template's raise_exception
         raise DataError(f"the chat template failed: {error}") from None
@@ -205,7 +204,7 @@ def _tokens(
         spans.append((len(before), special.end() if special else end))
     cuts = sorted({0, len(text), *(at for span in spans for at in span)})
     pairs: list[tuple[int, bool]] = []
-    for start, stop in zip(cuts, cuts[1:], strict=False):
+    for start, stop in itertools.pairwise(cuts):
         inside = any(a <= start and stop <= b for a, b in spans)
         pairs.extend((token, inside) for token in _encode(tokenizer, text[start:stop], specials))
     return pairs
@@ -251,7 +250,7 @@ def _compiled(template: str) -> Any:
         """`{% generation %}...{% endgeneration %}` (transformers marks assistant text with
         it): its text, as if the tags were not there."""
 
-        tags = {"generation"}
+        tags = {"generation"}  # noqa: RUF012 (jinja2 reads the class attribute)
 
         def parse(self, parser: Any) -> Any:
             lineno = next(parser.stream).lineno
