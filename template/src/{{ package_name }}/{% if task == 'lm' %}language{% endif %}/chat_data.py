@@ -12,7 +12,7 @@ saying whether the loss covers it (`train.mask.u8`: the assistants' turns) and w
 conversation starts (`train.starts.i64`, with the end last), beside the tokenizer.json, the
 chat template (`tokenizer_config.json`, where the tokenizer came with one) and a
 manifest.json that says `"chat": true`. Conversations are held out for validation by a hash
-of their messages, as documents are.
+of their messages (as canonical JSON), as documents are.
 
 Training on such a folder (`--data-dir`) reads one conversation per window: its first
 `--seq-len` + 1 tokens, padded after its end; conversations never share a window, so none
@@ -21,8 +21,9 @@ targets the loss does not cover (system and user messages, the template's header
 padding) are `chat.IGNORE_INDEX`; the task leaves them out before the loss
 (training/task.py), so cross-entropy, a loss of yours (`@slots.loss`), the accuracy, the
 metrics and bits per byte see only the assistants' tokens. A conversation with no covered
-target in its window (its answer starts past `--seq-len`) is left out. An epoch is every
-training conversation once, in an order drawn from the seed.
+target in its window (its answer starts past `--seq-len`) is left out. An epoch is
+`--train-samples` conversations, taken in turn (the next epoch goes on where this one
+ended, round the training set and again), in an order drawn from the seed.
 """
 
 from __future__ import annotations
@@ -50,13 +51,17 @@ STARTS = ".starts.i64"  # each conversation's first token, and the split's end
 
 
 def conversations(sources: list[str]) -> Iterator[tuple[bytes, list[dict[str, str]]]]:
-    """(the line, its checked messages) of every JSON line of the sources, in order."""
+    """(its messages as canonical JSON, the checked messages) of every JSON line of the
+    sources, in order: the same conversation written otherwise is the same bytes, and so
+    held out alike."""
     for unit in source_units(sources):
         try:
             with unit.path.open("rb") as lines:
                 for number, line in enumerate(lines, 1):
                     if line.strip():
-                        yield line.strip(), _messages(line, f"{unit.path}:{number}")
+                        messages = _messages(line, f"{unit.path}:{number}")
+                        canonical = json.dumps(messages, sort_keys=True, ensure_ascii=False)
+                        yield canonical.encode("utf-8"), messages
         except OSError as error:
             raise DataError(f"cannot read {unit.path}: {error.strerror or error}") from None
 
@@ -168,7 +173,7 @@ class _SplitWriter:
         self.paths = [out / f"{name}{suffix}", out / f"{name}{MASK}", out / f"{name}{STARTS}"]
         self.typecode = {".u8": "B", ".u16": "H"}.get(suffix, "i")
         self.files = [path.with_name(path.name + ".tmp").open("wb") for path in self.paths]
-        self.starts, self.covered, self.size = [0], 0, 0  # size: the JSON lines' bytes
+        self.starts, self.covered, self.size = [0], 0, 0  # size: the conversations' JSON bytes
 
     def add(self, ids: list[int], mask: list[bool], size: int) -> None:
         self.files[0].write(array(self.typecode, ids).tobytes())
@@ -246,15 +251,22 @@ def load_chat(folder: Path, tokenizer: Tokenizer | None) -> tuple[Split, Split, 
 class ChatWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """One conversation per item: (inputs, targets) of `seq_len` tokens, its first
     `seq_len` + 1 tokens padded after its end; targets the loss does not cover (and the
-    padding) are IGNORE_INDEX. `conversations`: the indices of the split's kept."""
+    padding) are IGNORE_INDEX. `conversations`: the indices of the split's kept ones.
 
-    def __init__(self, split: Split, seq_len: int, conversations: torch.Tensor):
+    With `per_epoch` (training), an epoch is that many items, the conversations taken in
+    turn: index `epoch * per_epoch + i` (data.ResumableSampler adds the offset) is
+    conversation `index % len(conversations)`, so each epoch goes on where the last ended."""
+
+    def __init__(self, split: Split, seq_len: int, conversations: torch.Tensor, per_epoch: int = 0):
         self.split, self.seq_len, self.conversations = split, seq_len, conversations
+        self.per_epoch, self.drawn_per_epoch = per_epoch, per_epoch > 0
 
     def __len__(self) -> int:
-        return len(self.conversations)
+        return self.per_epoch or len(self.conversations)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.per_epoch:
+            index %= len(self.conversations)
         number = int(self.conversations[index])
         start = int(self.split.starts[number])
         stop = min(int(self.split.starts[number + 1]), start + self.seq_len + 1)
@@ -286,8 +298,8 @@ def kept_conversations(split: Split, seq_len: int) -> torch.Tensor:
 
 
 def chat_windows(config: Config, train: Split, val: Split) -> tuple[ChatWindows, ChatWindows]:
-    """(train, validation) windows: every kept training conversation, and up to
-    `--val-samples` evenly spaced kept validation ones."""
+    """(train, validation) windows: `--train-samples` of the kept training conversations an
+    epoch, in turn, and up to `--val-samples` evenly spaced kept validation ones."""
     seq_len = config.model.seq_len
     kept = {"train": kept_conversations(train, seq_len), "val": kept_conversations(val, seq_len)}
     for name, label in (("train", "training"), ("val", "validation")):
@@ -298,4 +310,5 @@ def chat_windows(config: Config, train: Split, val: Split) -> tuple[ChatWindows,
             )
     count = min(config.data.val_samples, len(kept["val"]))
     picked = kept["val"][torch.linspace(0, len(kept["val"]) - 1, count).long()]
-    return ChatWindows(train, seq_len, kept["train"]), ChatWindows(val, seq_len, picked)
+    count = config.data.train_samples
+    return ChatWindows(train, seq_len, kept["train"], count), ChatWindows(val, seq_len, picked)
