@@ -165,19 +165,22 @@ def chat_tokens_and_mask(
 
 
 def end_of_turn_ids(tokenizer: Tokenizer) -> list[int]:
-    """The tokens that end an assistant's turn: the one the template writes after an
-    assistant's message, and the end-of-text or eos token."""
+    """The tokens that end an assistant's turn (where generation stops): the special token
+    the template writes after an assistant's message, the eos token, the end-of-text token;
+    with the default template its end-of-turn token (bytes: 0x04)."""
     probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
     tokens, mask = chat_tokens_and_mask(tokenizer, probe)
-    found = [tokens[i] for i in range(len(tokens)) if mask[i]][-1:]
     _, named = chat_template(tokenizer)
     specials = _specials(tokenizer)
-    for name in ("eos_token",):
-        if named.get(name) in specials:
-            found.append(specials[named[name]])
+    last = [token for token, covered in zip(tokens, mask, strict=True) if covered][-1:]
+    found = {token for token in last if token in specials.values()}  # not a text token
+    if tokenizer.chat_config is None:  # the default template: eos_token ends each turn
+        found.update(_encode(tokenizer, named["eos_token"], specials))
+    if named.get("eos_token") in specials:
+        found.add(specials[named["eos_token"]])
     if tokenizer.eot is not None:
-        found.append(tokenizer.eot)
-    return sorted(set(found))
+        found.add(tokenizer.eot)
+    return sorted(found)
 
 
 def _tokens(
