@@ -166,18 +166,17 @@ def chat_tokens_and_mask(
 
 def end_of_turn_ids(tokenizer: Tokenizer) -> list[int]:
     """The tokens that end an assistant's turn (where generation stops): the special token
-    the template writes after an assistant's message, the eos token, the end-of-text token;
-    with the default template its end-of-turn token (bytes: 0x04)."""
+    the template writes after an assistant's message, the eos token (a special token, or
+    text of one token: the default template's 0x04 for bytes), the end-of-text token."""
     probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
     tokens, mask = chat_tokens_and_mask(tokenizer, probe)
     _, named = chat_template(tokenizer)
     specials = _specials(tokenizer)
     last = [token for token, covered in zip(tokens, mask, strict=True) if covered][-1:]
     found = {token for token in last if token in specials.values()}  # not a text token
-    if tokenizer.chat_config is None:  # the default template: eos_token ends each turn
-        found.update(_encode(tokenizer, named["eos_token"], specials))
-    if named.get("eos_token") in specials:
-        found.add(specials[named["eos_token"]])
+    eos = _encode(tokenizer, named["eos_token"], specials) if "eos_token" in named else []
+    if len(eos) == 1:
+        found.add(eos[0])
     if tokenizer.eot is not None:
         found.add(tokenizer.eot)
     return sorted(found)
