@@ -12,7 +12,8 @@ saying whether the loss covers it (`train.mask.u8`: the assistants' turns) and w
 conversation starts (`train.starts.i64`, with the end last), beside the tokenizer.json, the
 chat template (`tokenizer_config.json`, where the tokenizer came with one) and a
 manifest.json that says `"chat": true`. Conversations are held out for validation by a hash
-of their messages (as canonical JSON), as documents are.
+of their messages (as canonical JSON), as documents are. It runs in one process (`--workers`
+and `--text-field` are text's) and starts again from the beginning if stopped.
 
 Training on such a folder (`--data-dir`) reads one conversation per window: its first
 `--seq-len` + 1 tokens, padded after its end; conversations never share a window, so none
