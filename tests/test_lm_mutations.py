@@ -353,6 +353,9 @@ MUTATIONS = [
         "spans.append((len(before), special.end() if special else end))",
         "spans.append((len(before), special.start() if special else end))",
         "test_chat.py", "masks_exactly or honoured"),
+    bug("lm-chat-ignored-targets-reach-the-loss-and-metrics", "training/task.py",
+        "if self.chat:  # only the covered targets", "if False:  # only the covered targets",
+        "test_chat.py", "uncovered"),
 ]  # fmt: skip
 
 
