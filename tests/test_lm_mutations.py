@@ -362,6 +362,22 @@ MUTATIONS = [
     bug("lm-epoch-offset-under-two-ranks-mixes-two-epochs", "training/data_sources.py",
         "offset = self.epoch * len(self.dataset)", "offset = self.epoch * self.num_samples",
         "test_lm_training.py", "two_ranks_together"),
+    # ---- chat fine-tuning (issue 54, item 3) ------------------------------------------------
+    bug("lm-chat-loss-mask-shifted-by-one-token", "language/chat_data.py",
+        "targets = window[1:].masked_fill(~covered[1:], IGNORE_INDEX)",
+        "targets = window[1:].masked_fill(~covered[:-1], IGNORE_INDEX)",
+        "test_chat.py", "one_conversation_each"),
+    bug("lm-chat-prompt-included-in-the-loss", "language/chat.py",
+        "spans.append((len(before), special.end() if special else end))",
+        "spans.append((0, special.end() if special else end))",
+        "test_chat.py", "masks_exactly or honoured"),
+    bug("lm-chat-end-of-turn-token-left-out-of-the-loss", "language/chat.py",
+        "spans.append((len(before), special.end() if special else end))",
+        "spans.append((len(before), special.start() if special else end))",
+        "test_chat.py", "masks_exactly or honoured"),
+    bug("lm-chat-ignored-targets-reach-the-loss-and-metrics", "training/task.py",
+        "if self.chat:  # only the covered targets", "if False:  # only the covered targets",
+        "test_chat.py", "uncovered"),
 ]  # fmt: skip
 
 
