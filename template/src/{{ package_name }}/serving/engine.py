@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Generator
@@ -173,9 +174,7 @@ def _deliverer(queue: asyncio.Queue[Any]) -> Callable[[str, Any], None]:
     loop = asyncio.get_running_loop()
 
     def deliver(kind: str, value: Any) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
             loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
-        except RuntimeError:  # the loop closed: nobody is waiting any more
-            pass
 
     return deliver

@@ -29,7 +29,8 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         kind = ERROR_TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "")
-        return {"error": {"message": self.message, "type": kind or "server_error", "code": self.code}}
+        kind = kind or "server_error"
+        return {"error": {"message": self.message, "type": kind, "code": self.code}}
 
 
 class Metrics:
@@ -68,7 +69,8 @@ class Metrics:
                 lines.append(f'serve_request_seconds_sum{{path="{path}"}} {seconds:.6f}')
                 lines.append(f'serve_request_seconds_count{{path="{path}"}} {int(count)}')
             busy = self.busy()
-            lines += ["# TYPE serve_busy_seconds_total counter", f"serve_busy_seconds_total {busy:.6f}"]
+            lines.append("# TYPE serve_busy_seconds_total counter")
+            lines.append(f"serve_busy_seconds_total {busy:.6f}")
             for what, count in sorted(self.work.items()):
                 rate = count / busy if busy > 0 else 0.0
                 lines.append(f"# TYPE serve_{what}_total counter")
