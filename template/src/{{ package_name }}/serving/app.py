@@ -97,8 +97,11 @@ def model_card(served: Served) -> dict[str, Any]:
 def check_model(requested: str | None, name: str) -> None:
     """A request naming another model than the one served is 404 (none named: this one)."""
     if requested is not None and requested != name:
-        raise ApiError(404, f"the model {requested!r} is not served here; this serves {name!r}",
-                       "model_not_found")
+        raise ApiError(
+            404,
+            f"the model {requested!r} is not served here; this serves {name!r}",
+            "model_not_found",
+        )
 
 
 def add_error_handlers(app: FastAPI) -> None:

@@ -88,7 +88,12 @@ class Guard:
     bytes that arrive; every request is counted in `metrics` under its route's path."""
 
     def __init__(
-        self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int, metrics: Metrics,
+        self,
+        app: ASGIApp,
+        *,
+        api_key: str | None,
+        max_body_bytes: int,
+        metrics: Metrics,
         paths: set[str],
     ):
         self.app, self.api_key, self.limit = app, api_key, max_body_bytes
@@ -117,11 +122,16 @@ class Guard:
             given = headers.get("authorization", b"").decode("latin-1")
             expected = f"Bearer {self.api_key}"
             if not hmac.compare_digest(given.encode("utf-8"), expected.encode("utf-8")):
-                await respond(send, ApiError(401, "missing or wrong API key: send "
-                                             "'Authorization: Bearer <key>'", "invalid_api_key"))
+                await respond(
+                    send,
+                    ApiError(
+                        401,
+                        "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                        "invalid_api_key",
+                    ),
+                )
                 return
-        too_big = ApiError(413, f"the request body is over {self.limit:,} bytes",
-                           "body_too_large")
+        too_big = ApiError(413, f"the request body is over {self.limit:,} bytes", "body_too_large")
         declared = headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
             await respond(send, too_big)
