@@ -56,6 +56,7 @@ def create_app(
     app = FastAPI(title=f"{served.name} ({served.task})", lifespan=lifespan)
     metrics = Metrics()
     metrics.gauges["streams_in_progress"] = served.worker.busy
+    metrics.gauges["streams_cancelled_total"] = lambda: served.worker.cancelled
     metrics.gauges["batches_total"] = lambda: served.worker.batches
     metrics.busy = lambda: served.worker.seconds
     page = resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")

@@ -55,6 +55,7 @@ class Worker:
         self.items: collections.deque[Item] = collections.deque()
         self.batches = 0  # forward passes over batched items (the metrics show them)
         self.seconds = 0.0  # time spent running the model (steps and batches)
+        self.cancelled = 0  # streams closed before their end (their client went away)
         self.stopping = False
         self.condition = threading.Condition()
         self.thread = threading.Thread(target=self._run, name="model-worker", daemon=True)
@@ -130,6 +131,7 @@ class Worker:
     def _dropped(self, job: Stream) -> bool:
         if job.cancelled:
             job.steps.close()  # runs the generator's cleanup; no more tokens for it
+            self.cancelled += 1
         return job.cancelled
 
     def _gather(self) -> list[Item]:
