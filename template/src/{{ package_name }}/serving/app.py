@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
@@ -35,7 +35,7 @@ class Served:
     task: str
     name: str
     worker: Worker
-    routes: Callable[[Metrics], APIRouter]
+    routes: Callable[[FastAPI, Metrics], None]  # adds the task's endpoints to the app
     health: dict[str, Any] = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -82,7 +82,7 @@ def create_app(
         check_model(model, served.name)
         return model_card(served)
 
-    app.include_router(served.routes(metrics))
+    served.routes(app, metrics)
     add_error_handlers(app)
     paths = {getattr(route, "path", "") for route in app.routes}
     app.add_middleware(
