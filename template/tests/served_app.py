@@ -121,8 +121,9 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def start_serving(package: str, *flags: str) -> tuple[Any, int]:
-    """`python -m <package>.serve FLAGS` on a free port, once it accepts connections."""
+def start_serving(package: str, *flags: str, prelude: str = "") -> tuple[Any, int]:
+    """`python -m <package>.serve FLAGS` on a free port, once it accepts connections;
+    `prelude` runs first (the tests' registrations: `import conftest; ...`)."""
     import importlib
     import os
     import socket
@@ -132,9 +133,11 @@ def start_serving(package: str, *flags: str) -> tuple[Any, int]:
 
     port = free_port()
     source = str(Path(importlib.import_module(package).__file__ or "").resolve().parents[1])
-    path = os.pathsep.join(p for p in [source, os.environ.get("PYTHONPATH")] if p)
+    tests = str(Path(__file__).resolve().parent)
+    path = os.pathsep.join(p for p in [source, tests, os.environ.get("PYTHONPATH")] if p)
+    code = f"{prelude}\nimport sys\nfrom {package}.serve import main\nsys.exit(main())"
     process = subprocess.Popen(
-        [sys.executable, "-m", f"{package}.serve", *flags, "--port", str(port)],
+        [sys.executable, "-c", code, *flags, "--port", str(port)],
         env={**os.environ, "PYTHONPATH": path},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
