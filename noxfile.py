@@ -125,6 +125,11 @@ ENV_PACKAGES = [
     "onnx>=1.16",
     "onnxruntime>=1.18",
     "onnxscript>=0.2",
+    # The HTTP server (extra `serve`) and its tests: the official OpenAI client against it.
+    "fastapi>=0.115",
+    "uvicorn>=0.30",
+    "python-multipart>=0.0.9",
+    "openai>=1.40",
     "mkdocs-material>=9.5",  # the docs session and tests/test_docs.py build the site
 ]
 NO_CUDA = "no CUDA device: GPU checks skipped"
