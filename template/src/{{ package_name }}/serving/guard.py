@@ -59,15 +59,15 @@ class Metrics:
         with self.lock:
             lines = ["# TYPE serve_requests_total counter"]
             lines += [
-                f'serve_requests_total{{path="{path}",status="{status}"}} {count}'
+                f"serve_requests_total{labels(path=path, status=status)} {count}"
                 for (path, status), count in sorted(self.requests.items())
             ]
             errors = sum(n for (_, status), n in self.requests.items() if status >= 400)
             lines += ["# TYPE serve_errors_total counter", f"serve_errors_total {errors}"]
             lines.append("# TYPE serve_request_seconds summary")
             for path, (seconds, count) in sorted(self.latency.items()):
-                lines.append(f'serve_request_seconds_sum{{path="{path}"}} {seconds:.6f}')
-                lines.append(f'serve_request_seconds_count{{path="{path}"}} {int(count)}')
+                lines.append(f"serve_request_seconds_sum{labels(path=path)} {seconds:.6f}")
+                lines.append(f"serve_request_seconds_count{labels(path=path)} {int(count)}")
             busy = self.busy()
             lines.append("# TYPE serve_busy_seconds_total counter")
             lines.append(f"serve_busy_seconds_total {busy:.6f}")
@@ -80,6 +80,12 @@ class Metrics:
             for name, value in sorted(self.gauges.items()):
                 lines += [f"# TYPE serve_{name} gauge", f"serve_{name} {value()}"]
         return "\n".join(lines) + "\n"
+
+
+def labels(**values: object) -> str:
+    """Prometheus labels, `{name="value",...}` (built here, not in an f-string's doubled
+    braces, which this template's renders must not contain)."""
+    return "{" + ",".join(f'{name}="{value}"' for name, value in values.items()) + "}"
 
 
 class Guard:

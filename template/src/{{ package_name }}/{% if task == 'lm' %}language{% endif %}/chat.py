@@ -9,7 +9,7 @@ chat template, a Jinja template over `messages` and `add_generation_prompt`:
   `bos_token`, `eos_token`... are in the template's context too). It is rendered as
   transformers' `apply_chat_template` renders it: jinja2 (a dependency of torch) in an
   immutable sandbox, `trim_blocks` and `lstrip_blocks`, its `tojson`, `raise_exception` and
-  `strftime_now`, `{% generation %}` blocks allowed (read as plain text);
+  `strftime_now`, and its `generation` blocks allowed (read as plain text);
 - else `DEFAULT_TEMPLATE`, for the project's own tokenizers: each message as
   `<|ROLE|>\\nCONTENT` followed by the end-of-turn token, `<|endoftext|>` (a trained BPE's,
   one token) or, for `--tokenizer bytes`, the byte 0x04 (ASCII end of transmission); the
@@ -43,7 +43,6 @@ import re
 from collections.abc import Sequence
 from datetime import datetime
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from ..training.data_sources import DataError
@@ -58,17 +57,16 @@ DEFAULT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
-CONFIG_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token")
 
 
 def check_messages(messages: object, where: str = "the conversation") -> list[dict[str, str]]:
     """The messages as a list of {"role", "content"}, or one line saying what is wrong."""
     if not isinstance(messages, list) or not messages:
-        raise DataError(f"{where}: messages must be a non-empty list of {{role, content}}")
+        raise DataError(f"{where}: messages must be a non-empty list of (role, content) objects")
     checked = []
     for number, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise DataError(f"{where}: message {number} is not an object {{role, content}}")
+            raise DataError(f"{where}: message {number} is not an object with a role and a content")
         role, content = message.get("role"), message.get("content")
         if role not in ROLES:
             raise DataError(
@@ -78,47 +76,6 @@ def check_messages(messages: object, where: str = "the conversation") -> list[di
             raise DataError(f"{where}: message {number}'s content is not text")
         checked.append({**message, "role": role, "content": content})
     return checked
-
-
-def read_chat_config(folder: Path) -> dict[str, Any]:
-    """The chat template and the special-token strings of a Hugging Face tokenizer folder
-    (`chat_template.jinja`, else `tokenizer_config.json`'s `chat_template`; a list of named
-    templates: the one named "default"), {} where it has none."""
-    path = folder / "tokenizer_config.json"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    except (OSError, ValueError) as error:
-        raise DataError(f"cannot read {path} ({error})") from None
-    if not isinstance(config, dict):
-        raise DataError(f"{path} is not a JSON object")
-    template = config.get("chat_template")
-    if isinstance(template, list):  # [{"name": ..., "template": ...}]
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("default")
-    jinja = folder / "chat_template.jinja"
-    if jinja.is_file():
-        template = jinja.read_text(encoding="utf-8")
-    if not isinstance(template, str) or not template:
-        return {}
-    tokens = {}
-    for name in CONFIG_TOKENS:
-        value = config.get(name)
-        value = value.get("content") if isinstance(value, dict) else value
-        if isinstance(value, str):
-            tokens[name] = value
-    return {"template": template, "tokens": tokens}
-
-
-def attach_chat_config(tokenizer: Tokenizer, config: object) -> Tokenizer:
-    """Give `tokenizer` the chat template of `config` (`read_chat_config`'s, or a
-    checkpoint's record of it; None or {}: the default template)."""
-    if isinstance(config, dict) and isinstance(config.get("template"), str):
-        tokens = config.get("tokens") or {}
-        tokenizer.chat_config = {
-            "template": config["template"],
-            "tokens": {str(k): str(v) for k, v in dict(tokens).items()},
-        }
-    return tokenizer
 
 
 def chat_template(tokenizer: Tokenizer) -> tuple[str, dict[str, str]]:

@@ -42,10 +42,19 @@ from torch.utils.data import Dataset
 from ..config import Config
 from ..runtime.files import write_atomically
 from ..training.data_sources import DataError
-from .chat import IGNORE_INDEX, attach_chat_config, chat_tokens_and_mask, check_messages
+from .chat import IGNORE_INDEX, chat_tokens_and_mask, check_messages
 from .corpus import load_tokens
+from .prepared import (
+    FORMAT,
+    held_out,
+    load_prepared,
+    read_manifest,
+    refuse_foreign,
+    request_key,
+    suffix_of,
+)
 from .prepared_sources import source_units
-from .tokenizer import Tokenizer, tokenizer_at, train_bpe
+from .tokenizer import Tokenizer, attach_chat_config, read_chat_config, tokenizer_at, train_bpe
 
 MASK = ".mask.u8"  # beside each split's token file: 1 where the loss covers the token
 STARTS = ".starts.i64"  # each conversation's first token, and the split's end
@@ -73,13 +82,12 @@ def _messages(line: bytes, where: str) -> list[dict[str, str]]:
     except (ValueError, UnicodeDecodeError) as error:
         raise DataError(f"{where} is not a JSON line ({error}); fix or remove it") from None
     if not isinstance(record, dict) or "messages" not in record:
-        raise DataError(f'{where} has no "messages" (a conversation is {{"messages": [...]}})')
+        raise DataError(f'{where} has no "messages" (each line is one conversation: its messages)')
     return check_messages(record["messages"], where)
 
 
 def trained_bpe(sources: list[str], vocab_size: int, fraction: float, mb: int) -> Tokenizer:
     """A BPE trained on up to `mb` MB of the training conversations' messages."""
-    from ..prepare import held_out  # prepare.py imports this module where it needs it
 
     def texts() -> Iterator[str]:
         left = mb << 20
@@ -102,15 +110,6 @@ def prepare_chat(
     bpe_sample_mb: int = 64,
 ) -> dict[str, Any]:
     """Prepare the conversations of `sources` into `out`; return the manifest."""
-    from ..prepare import (
-        FORMAT,
-        held_out,
-        read_manifest,
-        refuse_foreign,
-        request_key,
-        suffix_of,
-    )
-
     if not sources:
         raise DataError('--format chat needs sources: JSON lines of {"messages": [...]}')
     units = source_units(sources)
@@ -234,13 +233,9 @@ class Split(NamedTuple):
 
 def load_chat(folder: Path, tokenizer: Tokenizer | None) -> tuple[Split, Split, Tokenizer, str]:
     """(train, val, tokenizer with its chat template, fingerprint) of a chat folder."""
-    from ..prepare import load_prepared
-
     train, val, own, fingerprint = load_prepared(folder, tokenizer)
     config = folder / "tokenizer_config.json"
     if config.is_file():
-        from .chat import read_chat_config
-
         attach_chat_config(own, read_chat_config(folder))
     splits = []
     for name, tokens in (("train", train), ("val", val)):

@@ -42,14 +42,20 @@ from torch.utils.data import Dataset
 from .. import utils
 from ..checkpointing.checkpoint import CheckpointError
 from ..config import Config
-from ..prepare import is_prepared, load_prepared, suffix_of
 from ..training.data_sources import DataError, DataInfo
-from .chat import attach_chat_config
 from .corpus import corpus_files, corpus_fingerprint, documents
 from .corpus import default_corpus as default_corpus  # where it was before language/corpus.py
 from .corpus import load_tokens as load_tokens
 from .corpus import read_text_bytes as read_text_bytes
-from .tokenizer import HFTokenizer, Tokenizer, from_record, tokenizer_at, train_bpe
+from .prepared import is_prepared, load_prepared, suffix_of
+from .tokenizer import (
+    HFTokenizer,
+    Tokenizer,
+    attach_chat_config,
+    from_record,
+    tokenizer_at,
+    train_bpe,
+)
 
 VOCAB_SIZE = 256  # one token per byte value
 

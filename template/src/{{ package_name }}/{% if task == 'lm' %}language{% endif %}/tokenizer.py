@@ -137,6 +137,51 @@ def train_bpe(texts: Iterator[str], vocab_size: int) -> HFTokenizer:
     return HFTokenizer(inner.to_str())
 
 
+# A Hugging Face folder's special-token strings a chat template may name (chat.py renders it).
+CONFIG_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token")
+
+
+def read_chat_config(folder: Path) -> dict[str, Any]:
+    """The chat template and the special-token strings of a Hugging Face tokenizer folder
+    (`chat_template.jinja`, else `tokenizer_config.json`'s `chat_template`; a list of named
+    templates: the one named "default"), {} where it has none."""
+    path = folder / "tokenizer_config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError) as error:
+        raise DataError(f"cannot read {path} ({error})") from None
+    if not isinstance(config, dict):
+        raise DataError(f"{path} is not a JSON object")
+    template = config.get("chat_template")
+    if isinstance(template, list):  # [{"name": ..., "template": ...}]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        template = jinja.read_text(encoding="utf-8")
+    if not isinstance(template, str) or not template:
+        return {}
+    tokens = {}
+    for name in CONFIG_TOKENS:
+        value = config.get(name)
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str):
+            tokens[name] = value
+    return {"template": template, "tokens": tokens}
+
+
+def attach_chat_config(tokenizer: Tokenizer, config: object) -> Tokenizer:
+    """Give `tokenizer` the chat template of `config` (`read_chat_config`'s, or a
+    checkpoint's record of it; None or {}: the default template)."""
+    if isinstance(config, dict) and isinstance(config.get("template"), str):
+        tokens = config.get("tokens") or {}
+        tokenizer.chat_config = {
+            "template": config["template"],
+            "tokens": {str(k): str(v) for k, v in dict(tokens).items()},
+        }
+    return tokenizer
+
+
 def tokenizer_at(spec: str) -> Tokenizer:
     """`--tokenizer` other than bpe: bytes, or a tokenizer.json file or a folder holding one."""
     if spec == "bytes":
@@ -148,8 +193,6 @@ def tokenizer_at(spec: str) -> Tokenizer:
         raise DataError(f"--tokenizer {spec}: cannot read {path} ({error})") from None
     except DataError as error:
         raise DataError(f"--tokenizer {spec}: {path} is {error}") from None
-    from .chat import attach_chat_config, read_chat_config  # chat.py imports this module
-
     return attach_chat_config(tokenizer, read_chat_config(path.parent))
 
 
