@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
@@ -35,7 +35,7 @@ class Served:
     task: str
     name: str
     worker: Worker
-    routes: Callable[[Metrics], APIRouter]
+    routes: Callable[[FastAPI, Metrics], None]  # adds the task's endpoints to the app
     health: dict[str, Any] = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -56,6 +56,7 @@ def create_app(
     app = FastAPI(title=f"{served.name} ({served.task})", lifespan=lifespan)
     metrics = Metrics()
     metrics.gauges["streams_in_progress"] = served.worker.busy
+    metrics.gauges["streams_cancelled_total"] = lambda: served.worker.cancelled
     metrics.gauges["batches_total"] = lambda: served.worker.batches
     metrics.busy = lambda: served.worker.seconds
     page = resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
@@ -81,7 +82,7 @@ def create_app(
         check_model(model, served.name)
         return model_card(served)
 
-    app.include_router(served.routes(metrics))
+    served.routes(app, metrics)
     add_error_handlers(app)
     paths = {getattr(route, "path", "") for route in app.routes}
     app.add_middleware(
@@ -97,8 +98,11 @@ def model_card(served: Served) -> dict[str, Any]:
 def check_model(requested: str | None, name: str) -> None:
     """A request naming another model than the one served is 404 (none named: this one)."""
     if requested is not None and requested != name:
-        raise ApiError(404, f"the model {requested!r} is not served here; this serves {name!r}",
-                       "model_not_found")
+        raise ApiError(
+            404,
+            f"the model {requested!r} is not served here; this serves {name!r}",
+            "model_not_found",
+        )
 
 
 def add_error_handlers(app: FastAPI) -> None:

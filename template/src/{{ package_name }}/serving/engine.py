@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Generator
@@ -54,6 +55,7 @@ class Worker:
         self.items: collections.deque[Item] = collections.deque()
         self.batches = 0  # forward passes over batched items (the metrics show them)
         self.seconds = 0.0  # time spent running the model (steps and batches)
+        self.cancelled = 0  # streams closed before their end (their client went away)
         self.stopping = False
         self.condition = threading.Condition()
         self.thread = threading.Thread(target=self._run, name="model-worker", daemon=True)
@@ -129,6 +131,7 @@ class Worker:
     def _dropped(self, job: Stream) -> bool:
         if job.cancelled:
             job.steps.close()  # runs the generator's cleanup; no more tokens for it
+            self.cancelled += 1
         return job.cancelled
 
     def _gather(self) -> list[Item]:
@@ -173,9 +176,7 @@ def _deliverer(queue: asyncio.Queue[Any]) -> Callable[[str, Any], None]:
     loop = asyncio.get_running_loop()
 
     def deliver(kind: str, value: Any) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
             loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
-        except RuntimeError:  # the loop closed: nobody is waiting any more
-            pass
 
     return deliver

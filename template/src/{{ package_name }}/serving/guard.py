@@ -29,7 +29,8 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         kind = ERROR_TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "")
-        return {"error": {"message": self.message, "type": kind or "server_error", "code": self.code}}
+        kind = kind or "server_error"
+        return {"error": {"message": self.message, "type": kind, "code": self.code}}
 
 
 class Metrics:
@@ -68,7 +69,8 @@ class Metrics:
                 lines.append(f'serve_request_seconds_sum{{path="{path}"}} {seconds:.6f}')
                 lines.append(f'serve_request_seconds_count{{path="{path}"}} {int(count)}')
             busy = self.busy()
-            lines += ["# TYPE serve_busy_seconds_total counter", f"serve_busy_seconds_total {busy:.6f}"]
+            lines.append("# TYPE serve_busy_seconds_total counter")
+            lines.append(f"serve_busy_seconds_total {busy:.6f}")
             for what, count in sorted(self.work.items()):
                 rate = count / busy if busy > 0 else 0.0
                 lines.append(f"# TYPE serve_{what}_total counter")
@@ -86,7 +88,12 @@ class Guard:
     bytes that arrive; every request is counted in `metrics` under its route's path."""
 
     def __init__(
-        self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int, metrics: Metrics,
+        self,
+        app: ASGIApp,
+        *,
+        api_key: str | None,
+        max_body_bytes: int,
+        metrics: Metrics,
         paths: set[str],
     ):
         self.app, self.api_key, self.limit = app, api_key, max_body_bytes
@@ -115,11 +122,16 @@ class Guard:
             given = headers.get("authorization", b"").decode("latin-1")
             expected = f"Bearer {self.api_key}"
             if not hmac.compare_digest(given.encode("utf-8"), expected.encode("utf-8")):
-                await respond(send, ApiError(401, "missing or wrong API key: send "
-                                             "'Authorization: Bearer <key>'", "invalid_api_key"))
+                await respond(
+                    send,
+                    ApiError(
+                        401,
+                        "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                        "invalid_api_key",
+                    ),
+                )
                 return
-        too_big = ApiError(413, f"the request body is over {self.limit:,} bytes",
-                           "body_too_large")
+        too_big = ApiError(413, f"the request body is over {self.limit:,} bytes", "body_too_large")
         declared = headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
             await respond(send, too_big)
