@@ -108,7 +108,8 @@ def no_file_read(server: Server, monkeypatch: Any, task_routes: set[str]) -> Non
         assert code == 404 and "error" in answer, (path, answer)
     assert status == 200 and "<html" in page.lower()
     assert opened == []
-    routes = {getattr(route, "path", None) for route in server.server.config.app.routes}
+    app: Any = server.server.config.app
+    routes = {getattr(route, "path", None) for route in app.routes}
     common = {"/", "/health", "/metrics", "/v1/models", "/v1/models/{model}"}
     assert routes == common | DOCS | task_routes
 
