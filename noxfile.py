@@ -125,6 +125,9 @@ ENV_PACKAGES = [
     "onnx>=1.16",
     "onnxruntime>=1.18",
     "onnxscript>=0.2",
+    # The browser tests of serve's page (the renders' group `browser`; .ci/run installs a
+    # Chromium and sets REQUIRE_BROWSER=1 so that they cannot skip there).
+    "playwright>=1.45",
     "mkdocs-material>=9.5",  # the docs session and tests/test_docs.py build the site
 ]
 NO_CUDA = "no CUDA device: GPU checks skipped"
