@@ -125,6 +125,11 @@ ENV_PACKAGES = [
     "onnx>=1.16",
     "onnxruntime>=1.18",
     "onnxscript>=0.2",
+    # The HTTP server (extra `serve`) and its tests: the official OpenAI client against it.
+    "fastapi>=0.115",
+    "uvicorn>=0.30",
+    "python-multipart>=0.0.9",
+    "openai>=1.40",
     # The browser tests of serve's page (the renders' group `browser`; .ci/run installs a
     # Chromium and sets REQUIRE_BROWSER=1 so that they cannot skip there).
     "playwright>=1.45",

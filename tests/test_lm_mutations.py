@@ -340,6 +340,13 @@ MUTATIONS = [
     bug("lm-epoch-offset-under-two-ranks-mixes-two-epochs", "training/data_sources.py",
         "offset = self.epoch * len(self.dataset)", "offset = self.epoch * self.num_samples",
         "test_lm_training.py", "two_ranks_together"),
+    # ---- serve (issue 55): a client that left, a body that lies about its length ------------
+    bug("lm-serve-generates-on-for-a-client-that-left", "serving/engine.py",
+        "        return job.cancelled\n", "        return False\n",
+        "test_serve.py", "sixteen_streaming_clients"),
+    bug("lm-serve-trusts-content-length-alone", "serving/guard.py",
+        "            if size > self.limit:", "            if False:",
+        "test_serve.py", "oversized_body"),
 ]  # fmt: skip
 
 

@@ -76,8 +76,16 @@ def multipart(fields: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
     return body, {"Content-Type": f"multipart/form-data; boundary={boundary}"}
 
 
-TRAVERSALS = ["/../config.py", "/%2e%2e/config.py", "/static/../config.py", "/page.html",
-              "/serving/page.html", "/..%2fconfig.py", "//etc/passwd", "/static/..%2f..%2fa"]
+TRAVERSALS = [
+    "/../config.py",
+    "/%2e%2e/config.py",
+    "/static/../config.py",
+    "/page.html",
+    "/serving/page.html",
+    "/..%2fconfig.py",
+    "//etc/passwd",
+    "/static/..%2f..%2fa",
+]
 DOCS = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 
 
@@ -98,8 +106,14 @@ def no_file_read(server: Server, monkeypatch: Any, task_routes: set[str]) -> Non
 
         return opener
 
-    for owner, name in [(builtins, "open"), (io, "open"), (os, "open"), (Path, "open"),
-                        (Path, "read_text"), (Path, "read_bytes")]:
+    for owner, name in [
+        (builtins, "open"),
+        (io, "open"),
+        (os, "open"),
+        (Path, "open"),
+        (Path, "read_text"),
+        (Path, "read_bytes"),
+    ]:
         monkeypatch.setattr(owner, name, recording(getattr(owner, name)))
     answers = [(path, *server.request("GET", path)) for path in TRAVERSALS]
     status, page = server.request("GET", "/")
@@ -140,7 +154,9 @@ def start_serving(package: str, *flags: str, prelude: str = "") -> tuple[Any, in
     process = subprocess.Popen(
         [sys.executable, "-c", code, *flags, "--port", str(port)],
         env={**os.environ, "PYTHONPATH": path},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     deadline = time.monotonic() + 120
     while True:
