@@ -347,6 +347,19 @@ MUTATIONS = [
     bug("lm-serve-trusts-content-length-alone", "serving/guard.py",
         "            if size > self.limit:", "            if False:",
         "test_serve.py", "oversized_body"),
+    # ---- chat fine-tuning (issue 54, item 3) ------------------------------------------------
+    bug("lm-chat-loss-mask-shifted-by-one-token", "language/chat_data.py",
+        "targets = window[1:].masked_fill(~covered[1:], IGNORE_INDEX)",
+        "targets = window[1:].masked_fill(~covered[:-1], IGNORE_INDEX)",
+        "test_chat.py", "one_conversation_each"),
+    bug("lm-chat-prompt-included-in-the-loss", "language/chat.py",
+        "spans.append((len(before), special.end() if special else end))",
+        "spans.append((0, special.end() if special else end))",
+        "test_chat.py", "masks_exactly or honoured"),
+    bug("lm-chat-end-of-turn-token-left-out-of-the-loss", "language/chat.py",
+        "spans.append((len(before), special.end() if special else end))",
+        "spans.append((len(before), special.start() if special else end))",
+        "test_chat.py", "masks_exactly or honoured"),
     # ---- serve's page (issue 55 item 2): the answer shown once it is whole, not as it streams --
     Mutation("lm-page-shows-the-answer-only-when-it-ends", "serving/page.html", (
         ("if (piece) answer.node.appendData(piece);", "if (piece) whole.push(piece);"),

@@ -44,6 +44,7 @@ from ..checkpointing.checkpoint import CheckpointError
 from ..config import Config
 from ..prepare import is_prepared, load_prepared, suffix_of
 from ..training.data_sources import DataError, DataInfo
+from .chat import attach_chat_config
 from .corpus import corpus_files, corpus_fingerprint, documents
 from .corpus import default_corpus as default_corpus  # where it was before language/corpus.py
 from .corpus import load_tokens as load_tokens
@@ -339,7 +340,8 @@ def bigram_bits_per_byte(train: torch.Tensor, val: torch.Tensor) -> float:
 def tokenizer_of(state: dict[str, Any], path: Path) -> Tokenizer:
     """The tokenizer a checkpoint keeps (bytes where it keeps none)."""
     try:
-        return from_record(state.get("tokenizer"))
+        tokenizer = from_record(state.get("tokenizer"))
+        return attach_chat_config(tokenizer, state.get("chat_template"))  # where it has one
     except DataError as error:
         raise CheckpointError(f"checkpoint {path}: its tokenizer: {error}") from None
 

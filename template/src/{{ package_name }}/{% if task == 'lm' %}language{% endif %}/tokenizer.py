@@ -38,6 +38,9 @@ class Tokenizer:
     kind = "bytes"
     vocab_size = 256
     eot: int | None = None  # the end-of-text token between documents; bytes have none
+    # The chat template and its special-token strings, where the tokenizer came with one
+    # (language/chat.py; None: the default template).
+    chat_config: dict[str, Any] | None = None
 
     def encode(self, data: bytes) -> list[int]:
         """The tokens of UTF-8 `data`."""
@@ -140,11 +143,14 @@ def tokenizer_at(spec: str) -> Tokenizer:
         return Tokenizer()
     path = Path(spec) / "tokenizer.json" if Path(spec).is_dir() else Path(spec)
     try:
-        return HFTokenizer(path.read_text(encoding="utf-8"))
+        tokenizer = HFTokenizer(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as error:
         raise DataError(f"--tokenizer {spec}: cannot read {path} ({error})") from None
     except DataError as error:
         raise DataError(f"--tokenizer {spec}: {path} is {error}") from None
+    from .chat import attach_chat_config, read_chat_config  # chat.py imports this module
+
+    return attach_chat_config(tokenizer, read_chat_config(path.parent))
 
 
 def byte_tokenizer_json() -> str:
