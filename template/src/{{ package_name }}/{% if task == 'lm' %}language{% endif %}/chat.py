@@ -165,19 +165,21 @@ def chat_tokens_and_mask(
 
 
 def end_of_turn_ids(tokenizer: Tokenizer) -> list[int]:
-    """The tokens that end an assistant's turn: the one the template writes after an
-    assistant's message, and the end-of-text or eos token."""
+    """The tokens that end an assistant's turn (where generation stops): the special token
+    the template writes after an assistant's message, the eos token (a special token, or
+    text of one token: the default template's 0x04 for bytes), the end-of-text token."""
     probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
     tokens, mask = chat_tokens_and_mask(tokenizer, probe)
-    found = [tokens[i] for i in range(len(tokens)) if mask[i]][-1:]
     _, named = chat_template(tokenizer)
     specials = _specials(tokenizer)
-    for name in ("eos_token",):
-        if named.get(name) in specials:
-            found.append(specials[named[name]])
+    last = [token for token, covered in zip(tokens, mask, strict=True) if covered][-1:]
+    found = {token for token in last if token in specials.values()}  # not a text token
+    eos = _encode(tokenizer, named["eos_token"], specials) if "eos_token" in named else []
+    if len(eos) == 1:
+        found.add(eos[0])
     if tokenizer.eot is not None:
-        found.append(tokenizer.eot)
-    return sorted(set(found))
+        found.add(tokenizer.eot)
+    return sorted(found)
 
 
 def _tokens(

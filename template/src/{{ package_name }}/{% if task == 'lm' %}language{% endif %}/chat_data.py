@@ -12,7 +12,8 @@ saying whether the loss covers it (`train.mask.u8`: the assistants' turns) and w
 conversation starts (`train.starts.i64`, with the end last), beside the tokenizer.json, the
 chat template (`tokenizer_config.json`, where the tokenizer came with one) and a
 manifest.json that says `"chat": true`. Conversations are held out for validation by a hash
-of their messages (as canonical JSON), as documents are.
+of their messages (as canonical JSON), as documents are. It runs in one process (`--workers`
+and `--text-field` are text's) and starts again from the beginning if stopped.
 
 Training on such a folder (`--data-dir`) reads one conversation per window: its first
 `--seq-len` + 1 tokens, padded after its end; conversations never share a window, so none
@@ -76,24 +77,29 @@ def _messages(line: bytes, where: str) -> list[dict[str, str]]:
     return check_messages(record["messages"], where)
 
 
-def chat_tokenizer(sources: list[str], spec: str, vocab_size: int, fraction: float) -> Tokenizer:
-    """`--tokenizer`: bytes, a tokenizer.json (its folder's chat template with it), or a BPE
-    trained on the training conversations' messages."""
+def trained_bpe(sources: list[str], vocab_size: int, fraction: float, mb: int) -> Tokenizer:
+    """A BPE trained on up to `mb` MB of the training conversations' messages."""
     from ..prepare import held_out  # prepare.py imports this module where it needs it
 
-    if spec != "bpe":
-        return tokenizer_at(spec)
-    texts = (
-        message["content"]
-        for line, messages in conversations(sources)
-        if not held_out(line, fraction)
-        for message in messages
-    )
-    return train_bpe(texts, vocab_size)
+    def texts() -> Iterator[str]:
+        left = mb << 20
+        for line, messages in conversations(sources):
+            if left <= 0:
+                return
+            if not held_out(line, fraction):
+                left -= len(line)
+                yield from (message["content"] for message in messages)
+
+    return train_bpe(texts(), vocab_size)
 
 
 def prepare_chat(
-    sources: list[str], out: Path, tokenizer_spec: str, vocab_size: int, val_fraction: float
+    sources: list[str],
+    out: Path,
+    tokenizer_spec: str = "bpe",
+    vocab_size: int = 1024,
+    val_fraction: float = 0.1,
+    bpe_sample_mb: int = 64,
 ) -> dict[str, Any]:
     """Prepare the conversations of `sources` into `out`; return the manifest."""
     from ..prepare import (
@@ -108,7 +114,10 @@ def prepare_chat(
     if not sources:
         raise DataError('--format chat needs sources: JSON lines of {"messages": [...]}')
     units = source_units(sources)
-    key = request_key(units, f"chat {tokenizer_spec} {vocab_size}", "messages", val_fraction)
+    given = None if tokenizer_spec == "bpe" else tokenizer_at(tokenizer_spec)
+    template = json.dumps(given.chat_config if given else None, sort_keys=True)
+    which = f"chat {given.fingerprint()} {template}" if given else f"chat bpe {vocab_size}"
+    key = request_key(units, f"{which} {bpe_sample_mb}", "messages", val_fraction)
     if (out / "manifest.json").is_file():
         manifest = read_manifest(out)
         if manifest.get("request") == key:
@@ -119,7 +128,7 @@ def prepare_chat(
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise DataError(f"cannot make --out {out} ({error.strerror or error})") from None
-    tokenizer = chat_tokenizer(sources, tokenizer_spec, vocab_size, val_fraction)
+    tokenizer = given or trained_bpe(sources, vocab_size, val_fraction, bpe_sample_mb)
     suffix = suffix_of(tokenizer)
     splits = {name: _SplitWriter(out, name, suffix) for name in ("train", "val")}
     try:
