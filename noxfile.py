@@ -132,6 +132,9 @@ ENV_PACKAGES = [
     "uvicorn>=0.30",
     "python-multipart>=0.0.9",
     "openai>=1.40",
+    # The browser tests of serve's page (the renders' group `browser`; .ci/run installs a
+    # Chromium and sets REQUIRE_BROWSER=1 so that they cannot skip there).
+    "playwright>=1.45",
     "mkdocs-material>=9.5",  # the docs session and tests/test_docs.py build the site
 ]
 NO_CUDA = "no CUDA device: GPU checks skipped"

@@ -209,6 +209,14 @@ def _tracker_extra() -> tuple[str, ...]:
     return (match[1],) if match and match[1] in extras else ()
 
 
+def _tests_extras() -> tuple[str, ...]:
+    """What `nox -s tests` installs the project with: the tracker's extra, and `serve` (the
+    server's tests and its page's run instead of skipping; the page's take the `browser` group,
+    Playwright, and a Chromium: tests/test_serve_page.py)."""
+    extras = PYPROJECT["project"].get("optional-dependencies", {})
+    return _tracker_extra() + tuple(name for name in ("serve",) if name in extras)
+
+
 def _env(session: nox.Session) -> dict[str, str]:
     """Without an install (--no-venv), the package is imported from src/."""
     if not _uses_current_interpreter(session):
@@ -228,8 +236,8 @@ def _package() -> str:
 @nox.session
 def tests(session: nox.Session) -> None:
     """CPU test suite (`nox -s tests -- -m 'not slow'` passes arguments on to pytest); the
-    chosen tracker's extra is installed with it."""
-    _install(session, "test", extras=_tracker_extra())
+    chosen tracker's extra and the server's are installed with it, and Playwright."""
+    _install(session, "test", "browser", extras=_tests_extras())
     pytest_args = session.posargs or ["-m", "not gpu"]
     session.run(_python(session), "-m", "pytest", *pytest_args, env=_env(session), external=True)
 

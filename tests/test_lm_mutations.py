@@ -385,6 +385,14 @@ MUTATIONS = [
     bug("lm-chat-ignored-targets-reach-the-loss-and-metrics", "training/task.py",
         "if self.chat:  # only the covered targets", "if False:  # only the covered targets",
         "test_chat.py", "uncovered"),
+    # ---- serve's page (issue 55 item 2): the answer shown once it is whole, not as it streams --
+    Mutation("lm-page-shows-the-answer-only-when-it-ends", "serving/page.html", (
+        ("if (piece) answer.node.appendData(piece);", "if (piece) whole.push(piece);"),
+        ('if (data === "[DONE]") break;',
+         'if (data === "[DONE]") { answer.node.appendData(whole.join("")); break; }'),
+        ("const answer = bubble(\"assistant\", \"\");",
+         "const answer = bubble(\"assistant\", \"\");\n  const whole = [];"),
+    ), "test_serve_page.py", "streams_the_greedy_answer"),
 ]  # fmt: skip
 
 

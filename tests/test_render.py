@@ -155,6 +155,17 @@ def test_license_matches_the_answer(rendered, name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_every_data_file_of_the_package_is_package_data(rendered, name):
+    """A wheel holds the package's .py files and its package-data only: a file of another kind
+    (serve's page.html) left off the list is missing from a project installed without -e."""
+    project, package = rendered[name], package_name(MATRIX[name])
+    folder = project / "src" / package
+    files = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
+    data = sorted(f for f in files if not f.endswith((".py", ".pyc")))
+    assert data == sorted(pyproject(project)["tool"]["setuptools"]["package-data"][package])
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_workflow_only_when_chosen(rendered, name):
     project, answers = rendered[name], MATRIX[name]
     workflow = project / ".github" / "workflows" / "ci.yml"

@@ -122,9 +122,13 @@ def test_the_tests_session_installs_the_chosen_trackers_extra(rendered, monkeypa
         warn=print,
     )
     module.tests.func(session)  # nox's decorator keeps the function as `.func`
-    projects = [args[1] for args in installed if args[:1] == ("-e",)]
+    (project,) = [args for args in installed if args[:1] == ("-e",)]
     tracker = MATRIX[name]["tracker"]
-    assert projects == (["."] if tracker == "none" else [f".[{tracker}]"])
+    # And the server's extra with Playwright, so serve's tests and its page's run, not skip.
+    optional = pyproject(rendered[name])["project"]["optional-dependencies"]
+    extras = ([tracker] if tracker != "none" else []) + (["serve"] if "serve" in optional else [])
+    assert project[1] == (f".[{','.join(extras)}]" if extras else ".")
+    assert any(arg.startswith("playwright") for arg in project), project
 
 
 @pytest.mark.parametrize("name", WITH_ACTIONS)

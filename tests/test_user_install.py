@@ -39,8 +39,9 @@ RENDERS = {"image": {"project_name": "user-image"}, "lm": {"project_name": "user
 README_INSTALL = re.compile(r'^pip install -e "(\.\[[^"\]]*\])"$', re.M)
 NOXFILE = load_module(ROOT / "noxfile.py", "template_repo_noxfile_user_install")
 TORCH_RULE = NOXFILE.TORCH_RULE
-# The extras' libraries (trackers, sweeps, plots), none of which `.[test]` may bring.
-EXTRAS = [*NOXFILE.HIDDEN_EXTRAS, "matplotlib", "onnxruntime"]  # onnx: export --format onnx
+# The extras' libraries (trackers, sweeps, plots, export --format onnx) and the `browser`
+# group's Playwright, none of which `.[test]` may bring.
+EXTRAS = [*NOXFILE.HIDDEN_EXTRAS, "matplotlib", "onnxruntime", "playwright"]
 
 
 class UserEnv:
@@ -78,6 +79,9 @@ class UserEnv:
             "PATH": os.pathsep.join([str(self.venv / "bin"), *path]),
             "VIRTUAL_ENV": str(self.venv),
             "PYTHONPATH": "",
+            # The README's environment has no Playwright: the page's browser tests skip there,
+            # as they do for a user, even where .ci/run requires them (REQUIRE_BROWSER=1).
+            "REQUIRE_BROWSER": "",
         }
 
     def install(self, args: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
