@@ -40,13 +40,16 @@ MODEL_FIELDS = (
 )
 # Settings whose change a resume cannot follow beside the model's: the optimizer's state
 # (AdamW's moments, Muon's momentum) means nothing to the other optimizer.
-RESUME_FIELDS = (*MODEL_FIELDS, "matrix_optimizer")
+RESUME_FIELDS = (*MODEL_FIELDS, "matrix_optimizer", "lora_rank", "lora_alpha", "lora_targets")
 # What a checkpoint saved before a model-shaping setting existed was trained with.
 BEFORE_THE_SETTING = {
     "position": "learned",
     "activation": "gelu",
     "tokenizer": "bytes",
     "matrix_optimizer": "adamw",
+    "lora_rank": 0,
+    "lora_alpha": 16.0,
+    "lora_targets": "auto",
 }
 
 
