@@ -23,6 +23,7 @@ SAMPLING = "test_sampling.py"  # generate and compress on a trained GPT
 
 TOKENIZERS, GPT2, PREPARE = "test_tokenizers.py", "test_gpt2_format.py", "test_prepare.py"
 LORA = "test_lora.py"
+LLAMA = "test_llama.py"
 
 MUTATIONS = [
     # ---- --matrix-optimizer on resume (issue 37) --------------------------------------------
@@ -188,9 +189,21 @@ MUTATIONS = [
     bug("lm-exported-head-untied", "language/gpt2_format.py",
         '"tie_word_embeddings": True,', '"tie_word_embeddings": False,',
         GPT2, "exported_checkpoint"),
-    bug("lm-export-replaces-an-existing-folder", "language/gpt2_format.py",
+    bug("lm-export-replaces-an-existing-folder", "language/hf_folders.py",
         "    if out.exists():\n        raise", "    if False:\n        raise",
-        GPT2, "refuses_rotary"),
+        GPT2, "refuses_an_existing_folder"),
+    # ---- language/llama.py, hf_llama.py, neox_format.py: --model llama, HF folders ----------
+    bug("lm-llama-kv-heads-tiled-not-interleaved", "language/llama.py",
+        "k = k.repeat_interleave(groups, dim=1)\n            v = v.repeat_interleave(groups, dim=1)",
+        "k = k.repeat(1, groups, 1, 1)\n            v = v.repeat(1, groups, 1, 1)",
+        LLAMA, "loads_with_its_logits"),
+    bug("lm-llama-rms-norm-eps-ignored", "language/llama.py",
+        "torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)",
+        "torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + 1e-5)",
+        LLAMA, "loads_with_its_logits"),
+    bug("lm-neox-export-keeps-qkv-rows-unpermuted", "language/neox_format.py",
+        "tensor = head_by_head(tensor, heads)", "tensor = tensor",
+        LLAMA, "gpt_neox"),
     bug("lm-onnx-parity-compares-eager-with-itself", "runtime/onnx_export.py",
         "got = torch.from_numpy(output).float()",
         "got = model(sample).float()",

@@ -1,8 +1,8 @@
 """`--init-from`'s base weights, and the base beneath a LoRA checkpoint's adapters.
 
 `--init-from` takes a GPT-2-format folder (language/gpt2_format.py) or a checkpoint file of
-this project (`best.pt`, `last.pt`, a `step-N.pt`): the checkpoint's architecture (--model,
---width, --depth, --heads, --seq-len, --position, --activation) becomes this run's, and so
+this project (`best.pt`, `last.pt`, a `step-N.pt`): the checkpoint's architecture (the model
+group's settings but --dropout: --model, --width, --depth, ...) becomes this run's, and so
 does its tokenizer (written to the run dir as base-tokenizer.json; bytes where it kept none);
 its weights (the EMA's average where it kept one, as evaluate reads it) are loaded into the
 model built from them; the optimizer, schedule and data are this run's. Data prepared with
@@ -16,24 +16,20 @@ trained with, checked against the fingerprint it recorded, then the adapters bes
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from ..checkpointing.checkpoint import (
-    MODEL_FIELDS,
-    CheckpointError,
-    read_model,
-    with_old_defaults,
-)
+from ..checkpointing.checkpoint import CheckpointError, read_model, with_old_defaults
 from ..config import Config
 from ..runtime import files
 from ..training import lora
 from . import gpt2_format
 
-# The settings a checkpoint's model is built from (MODEL_FIELDS but the data's).
-ARCHITECTURE = tuple(name for name in MODEL_FIELDS if name not in ("data_dir", "image_size"))
+# Of the model group's settings, those that are the run's own, not the architecture's.
+NOT_ARCHITECTURE = ("dropout",)
 
 
 def _source(config: Config) -> Path | None:
@@ -50,7 +46,8 @@ def adopt(config: Config, log: Callable[[str], None]) -> Config:
     flat = config.flat()
     state = read_model(path)
     saved = with_old_defaults(state["config"], flat)
-    taken: dict[str, Any] = {k: saved[k] for k in ARCHITECTURE if k in saved and k in flat}
+    names = [f.name for f in fields(config.model) if f.name not in NOT_ARCHITECTURE]
+    taken: dict[str, Any] = {k: saved[k] for k in names if k in saved}
     taken["tokenizer"] = "bytes"  # what a checkpoint without a tokenizer's JSON read text with
     text = state.get("tokenizer")
     if isinstance(text, str):  # its tokenizer.json, in the run dir for --tokenizer

@@ -1,5 +1,10 @@
 """GPT-2-format folders in and out: `--init-from FOLDER` and `export --format hf`.
 
+(The entry points here also send other folders on: a Llama, Mistral or Qwen2 folder in, and a
+`--model llama` checkpoint out, to language/hf_llama.py; the rotary GPT out as GPT-NeoX to
+language/neox_format.py. `--init-from` takes a hub id already in the local Hugging Face cache
+as well as a folder: language/hf_folders.py.)
+
 A Hugging Face folder of the GPT-2 architecture (GPT-2 itself, distilgpt2 and their many
 fine-tunes: `config.json` with `"model_type": "gpt2"`, `model.safetensors`, `tokenizer.json`)
 is read with `safetensors` (the `hf` extra) and `tokenizers` only (no `transformers` at run
@@ -10,9 +15,10 @@ settings it takes are saved in every checkpoint, so generate, evaluate and resum
 folder no more.
 
 `export --format hf` writes such a folder from a checkpoint trained with `--position learned`
-(GPT-2 has no rotary positions): `transformers.AutoModelForCausalLM.from_pretrained(folder)`
-then gives the same logits, and the tokenizer (a byte model's is a byte-level tokenizer.json
-of its 256 bytes) reads text as training did.
+(GPT-2 has no rotary positions; a rotary one goes out as GPT-NeoX):
+`transformers.AutoModelForCausalLM.from_pretrained(folder)` then gives the same logits, and
+the tokenizer (a byte model's is a byte-level tokenizer.json of its 256 bytes) reads text as
+training did.
 
 The names below are model.py's GPT's (`token`, `position`, `blocks.N.norm1`, ...): a model of
 yours under other names is refused with one line, not loaded halfway. GPT-2 stores its linear
@@ -21,11 +27,7 @@ layers as `Conv1D`, (in, out) where `nn.Linear` is (out, in): each is transposed
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,8 @@ from torch import nn
 from ..checkpointing.checkpoint import CheckpointError
 from ..config import Config
 from ..settings.base import ConfigError
-from .tokenizer import Tokenizer, byte_tokenizer_json
+from . import hf_folders, hf_llama, neox_format
+from .tokenizer import Tokenizer
 
 # GPT-2's activation_function values and model.py's --activation for each.
 ACTIVATIONS = {"gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh", "gelu": "gelu"}
@@ -55,17 +58,12 @@ TOP_NAMES = {"wte": "token", "wpe": "position", "ln_f": "norm"}
 
 def read_config(folder: Path) -> dict[str, Any]:
     """The folder's config.json, if it describes a GPT-2 this project's model can be."""
-    path = folder / "config.json"
-    try:
-        hf = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
+    hf = hf_folders.read_json(folder)
+    if hf.get("model_type") != "gpt2":
+        kinds = ", ".join(hf_llama.MODEL_TYPES)
         raise ConfigError(
-            f"--init-from {folder}: no readable config.json ({error}); give a GPT-2-format "
-            "folder (config.json, model.safetensors, tokenizer.json)"
-        ) from None
-    if not isinstance(hf, dict) or hf.get("model_type") != "gpt2":
-        kind = hf.get("model_type") if isinstance(hf, dict) else None
-        raise ConfigError(f"--init-from {folder}: model_type {kind!r}, not gpt2")
+            f"--init-from {folder}: model_type {hf.get('model_type')!r}, not gpt2, {kinds}"
+        )
     problems = []
     if hf.get("activation_function", "gelu_new") not in ACTIVATIONS:
         problems.append(f"activation_function {hf.get('activation_function')!r}")
@@ -86,7 +84,9 @@ def adopt(config: Config, log: Callable[[str], None]) -> Config:
     source = getattr(config.run, "init_from", None)  # a RunConfig of yours may lack it
     if source is None:
         return config
-    folder = Path(source)
+    folder = hf_folders.resolve(source)
+    if hf_folders.read_json(folder).get("model_type") in hf_llama.MODEL_TYPES:
+        return hf_llama.adopt(config, folder, hf_folders.read_json(folder), log)
     hf = read_config(folder)
     if not (folder / "tokenizer.json").is_file():
         raise ConfigError(f"--init-from {folder}: no tokenizer.json beside its weights")
@@ -103,7 +103,7 @@ def adopt(config: Config, log: Callable[[str], None]) -> Config:
     changed = [f"--{k.replace('_', '-')} {v}" for k, v in taken.items() if flat.get(k) != v]
     if changed:
         log(f"--init-from {folder}: its architecture and tokenizer: {', '.join(changed)}")
-    return config.replace(**taken)
+    return config.replace(**taken, init_from=str(folder))
 
 
 def init_from(model: nn.Module, config: Config, log: Callable[[str], None]) -> None:
@@ -111,7 +111,10 @@ def init_from(model: nn.Module, config: Config, log: Callable[[str], None]) -> N
     source = getattr(config.run, "init_from", None)
     if source is None:
         return
-    folder = Path(source)
+    folder = hf_folders.resolve(source)
+    if hf_folders.read_json(folder).get("model_type") in hf_llama.MODEL_TYPES:
+        hf_llama.init_from(model, folder, log)
+        return
     hf = read_config(folder)
     wanted = ACTIVATIONS[hf.get("activation_function", "gelu_new")]
     if getattr(model, "activation", "gelu") != wanted:
@@ -139,22 +142,10 @@ def init_from(model: nn.Module, config: Config, log: Callable[[str], None]) -> N
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """model.safetensors of `folder`, without the `transformer.` prefix a GPT2LMHeadModel
-    saves under, nor the attention masks old saves keep as buffers."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    path = folder / "model.safetensors"
-    if not path.is_file():
-        raise CheckpointError(
-            f"--init-from {folder}: no model.safetensors (pytorch_model.bin is not read)"
-        )
-    try:
-        raw = load_file(str(path))
-    except (OSError, SafetensorError) as error:
-        raise CheckpointError(f"--init-from {path} cannot be read ({error})") from None
+    """The folder's safetensors, without the `transformer.` prefix a GPT2LMHeadModel saves
+    under, nor the attention masks old saves keep as buffers."""
     weights = {}
-    for name, tensor in raw.items():
+    for name, tensor in hf_folders.read_safetensors(folder).items():
         name = name.removeprefix("transformer.")
         parts = name.split(".")  # h.N.attn.bias: the causal mask (bool or float), not c_attn's
         if parts[-2:] in (["attn", "bias"], ["attn", "masked_bias"]):
@@ -204,7 +195,7 @@ def to_gpt2_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             weights[f"transformer.{top_names[parts[0]]}.{parts[1]}"] = tensor
         else:
             raise CheckpointError(f"export --format hf: {name} has no GPT-2 name")
-    return {name: tensor.detach().float().contiguous() for name, tensor in weights.items()}
+    return weights
 
 
 def gpt2_config(config: Config, vocab_size: int, eot: int | None) -> dict[str, Any]:
@@ -233,30 +224,15 @@ def gpt2_config(config: Config, vocab_size: int, eot: int | None) -> dict[str, A
 
 def write_folder(
     state: dict[str, torch.Tensor], config: Config, tokenizer: Tokenizer, out: Path
-) -> None:
-    """Write `out` (config.json, model.safetensors, tokenizer.json) whole or not at all:
-    built in a temporary folder beside it, then renamed."""
-    from safetensors.torch import save_file
-
-    if out.exists():
-        raise ConfigError(f"--out {out} exists; remove it or choose another folder")
+) -> str:
+    """Write `out` (config.json, model.safetensors, tokenizer.json) whole or not at all, in
+    the architecture that computes what the checkpoint's model does: GPT-2 (learned
+    positions), GPT-NeoX (model.py's GPT with rotary ones), Llama or Qwen2 (`--model llama`).
+    Returns the architecture's name."""
+    if getattr(config.model, "model", "gpt") == "llama":
+        return hf_llama.write_folder(state, config, tokenizer, out)
     if getattr(config.model, "position", "learned") != "learned":
-        raise ConfigError(
-            "export --format hf writes GPT-2's architecture, which has learned positions; this "
-            "checkpoint was trained with --position rope (train with --position learned)"
-        )
-    weights = to_gpt2_names(state)
+        return neox_format.write_folder(state, config, tokenizer, out)
     spec = gpt2_config(config, tokenizer.vocab_size, tokenizer.eot)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    except OSError as error:
-        raise ConfigError(f"--out {out}: cannot write there ({error.strerror or error})") from None
-    try:
-        (tmp / "config.json").write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
-        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        text = tokenizer.to_json() or byte_tokenizer_json()
-        (tmp / "tokenizer.json").write_text(text, encoding="utf-8")
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    hf_folders.write_folder(out, spec, to_gpt2_names(state), tokenizer)
+    return "GPT2LMHeadModel"
