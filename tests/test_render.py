@@ -67,14 +67,16 @@ TASK_MODULES = {
               "benchmarks/augmentation.py", "benchmarks/decoding.py"},
     "lm": {"language/text.py", "generate.py", "language/compress.py", "language/grid.py",
            "language/tokenizer.py", "language/gpt2_format.py", "language/corpus.py",
-           "benchmarks/generation.py"},
+           "language/llama.py", "language/hf_llama.py", "language/hf_folders.py",
+           "language/neox_format.py", "benchmarks/generation.py"},
 }  # fmt: skip
 # The settings only one task's Config has (issue 52, item 9): each render offers its own.
 TASK_SETTINGS = {
     "image": {"image_size", "num_classes", "synthetic_noise", "augment", "trivial_augment",
               "erase", "hf_model", "freeze", "smoothing", "backbone_lr_factor"},
     "lm": {"seq_len", "depth", "heads", "position", "activation", "tokenizer", "vocab_size",
-           "text_field", "allow_corpus_change", "max_tokens"},
+           "text_field", "allow_corpus_change", "max_tokens", "kv_heads", "mlp_width",
+           "tie_head", "qkv_bias", "norm_eps", "rope_base"},
 }  # fmt: skip
 # Benchmark sections by number (benchmarks/cli.py's SECTIONS): the other task's are not listed.
 TASK_SECTIONS = {"image": {1, 11, 12}, "lm": {10}}

@@ -85,8 +85,9 @@ def adopt(config: Config, log: Callable[[str], None]) -> Config:
     if source is None:
         return config
     folder = hf_folders.resolve(source)
-    if hf_folders.read_json(folder).get("model_type") in hf_llama.MODEL_TYPES:
-        return hf_llama.adopt(config, folder, hf_folders.read_json(folder), log)
+    hf = hf_folders.read_json(folder)
+    if hf.get("model_type") in hf_llama.MODEL_TYPES:
+        return hf_llama.adopt(config, folder, hf, log)
     hf = read_config(folder)
     if not (folder / "tokenizer.json").is_file():
         raise ConfigError(f"--init-from {folder}: no tokenizer.json beside its weights")

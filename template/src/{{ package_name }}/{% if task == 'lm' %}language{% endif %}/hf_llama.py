@@ -74,16 +74,20 @@ def architecture(hf: dict[str, Any], folder: Path, seq_len: int) -> dict[str, An
         problems.append(f"head_dim {hf['head_dim']} (not hidden_size / heads = {width // heads})")
     if problems:
         raise ConfigError(f"--init-from {folder}: not --model llama's: {'; '.join(problems)}")
+    depth = int(hf.get("num_hidden_layers", 32))
     window = hf.get("sliding_window")
-    if kind == "qwen2" and not (
-        hf.get("use_sliding_window") and hf.get("max_window_layers", 0) < hf["num_hidden_layers"]
+    sliding = "sliding_attention" in (hf.get("layer_types") or [])
+    if (
+        kind == "qwen2"
+        and not sliding
+        and not (hf.get("use_sliding_window") and hf.get("max_window_layers", depth) < depth)
     ):
         window = None  # Qwen2 names a window it does not use
     limits = [seq_len, int(hf.get("max_position_embeddings", 2048)), window or seq_len]
     return {
         "model": "llama",
         "width": width,
-        "depth": int(hf.get("num_hidden_layers", 32)),
+        "depth": depth,
         "heads": heads,
         "kv_heads": int(hf.get("num_key_value_heads") or heads),
         "mlp_width": int(hf.get("intermediate_size", 11008)),
