@@ -84,19 +84,27 @@ def trained_only(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [group for group in kept if group["params"]]
 
 
-def default_targets(model: nn.Module) -> list[str]:
-    """Every plain `nn.Linear` but the output layer: none whose weight is an `nn.Embedding`'s
-    (a tied head) or whose outputs number an embedding's rows (a head over the vocabulary)."""
-    embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
-    tied = {id(m.weight) for m in embeddings}
-    rows = {m.num_embeddings for m in embeddings}
+def adaptable(model: nn.Module) -> list[str]:
+    """The layers LoRA can adapt: each `nn.Linear` (the class itself, not a subclass with its
+    own forward) whose weight no other layer shares (folding an adapter into a head tied to
+    the token embedding would change the embedding too)."""
+    owners: dict[int, int] = {}
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            owners[id(param)] = owners.get(id(param), 0) + 1
     return [
         name
         for name, module in model.named_modules()
-        if type(module) is nn.Linear
-        and id(module.weight) not in tied
-        and module.out_features not in rows
+        if type(module) is nn.Linear and owners[id(module.weight)] == 1
     ]
+
+
+def default_targets(model: nn.Module) -> list[str]:
+    """`adaptable` layers but the output layer: none whose outputs number an embedding's rows
+    (a head over the vocabulary; a tied head is not adaptable at all)."""
+    rows = {m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)}
+    modules = dict(model.named_modules())
+    return [name for name in adaptable(model) if modules[name].out_features not in rows]
 
 
 def matches(name: str, pattern: str) -> bool:
@@ -107,7 +115,7 @@ def matches(name: str, pattern: str) -> bool:
 
 def chosen(model: nn.Module, targets: str) -> list[str]:
     """The names of the layers `--lora-targets` picks (`auto`: `default_targets`); a pattern
-    that picks no `nn.Linear` is a ConfigError."""
+    that picks no adaptable `nn.Linear` is a ConfigError."""
     if targets == "auto":
         names = default_targets(model)
         if not names:
@@ -116,15 +124,16 @@ def chosen(model: nn.Module, targets: str) -> list[str]:
                 "adapt; name the layers with --lora-targets (globs of module names)"
             )
         return names
-    linears = [name for name, m in model.named_modules() if type(m) is nn.Linear]
+    linears = adaptable(model)
     picked: dict[str, None] = {}
     for pattern in (p.strip() for p in targets.split(",")):
         found = [name for name in linears if matches(name, pattern)]
         if not found:
             some = ", ".join(linears[:4]) or "none"
             raise ConfigError(
-                f"--lora-targets {pattern!r} matches no nn.Linear of this model (its first: "
-                f"{some}); give globs or last parts of module names"
+                f"--lora-targets {pattern!r} matches no nn.Linear LoRA can adapt (one whose "
+                f"weight no other layer shares; this model's first: {some}); give globs or "
+                "last parts of module names"
             )
         picked.update(dict.fromkeys(found))
     return list(picked)
