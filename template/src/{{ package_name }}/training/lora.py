@@ -226,8 +226,8 @@ def check_base(model: nn.Module, saved: dict[str, Any], path: Path) -> None:
     if theirs != ours:
         raise CheckpointError(
             f"checkpoint {path} adapts another base model (fingerprint {str(theirs)[:12]}, "
-            f"this one's {str(ours)[:12]}); give the --init-from it was trained on, or "
-            "start a new --run-dir"
+            f"this one's {str(ours)[:12]}); it needs the --init-from it was trained on, "
+            "unchanged (or, to resume, a new --run-dir)"
         )
 
 
