@@ -37,6 +37,9 @@ MODEL_FIELDS = (
     # The language model's (not an image config's); the activation shapes no tensor, but the
     # same weights under the other GELU are another function.
     *("depth", "heads", "seq_len", "position", "activation"),
+    # --model llama's (language/llama.py): the epsilon and the rotary base shape no tensor
+    # either, but change the function.
+    *("kv_heads", "mlp_width", "tie_head", "qkv_bias", "norm_eps", "rope_base"),
 )
 # Settings whose change a resume cannot follow beside the model's: the optimizer's state
 # (AdamW's moments, Muon's momentum) means nothing to the other optimizer.
@@ -47,6 +50,10 @@ BEFORE_THE_SETTING = {
     "activation": "gelu",
     "tokenizer": "bytes",
     "matrix_optimizer": "adamw",
+    "tie_head": True,
+    "qkv_bias": False,
+    "norm_eps": 1e-5,
+    "rope_base": 10000.0,
     "lora_rank": 0,
     "lora_alpha": 16.0,
     "lora_targets": "auto",
