@@ -22,13 +22,24 @@ TESTS = "test_language_model.py"
 SAMPLING = "test_sampling.py"  # generate and compress on a trained GPT
 
 TOKENIZERS, GPT2, PREPARE = "test_tokenizers.py", "test_gpt2_format.py", "test_prepare.py"
+LORA = "test_lora.py"
 LLAMA = "test_llama.py"
 
 MUTATIONS = [
     # ---- --matrix-optimizer on resume (issue 37) --------------------------------------------
     bug("lm-a-resume-switches-adamw-moments-to-muon", "checkpointing/checkpoint.py",
-        'RESUME_FIELDS = (*MODEL_FIELDS, "matrix_optimizer")', "RESUME_FIELDS = MODEL_FIELDS",
+        'RESUME_FIELDS = (*MODEL_FIELDS, "matrix_optimizer",', "RESUME_FIELDS = (*MODEL_FIELDS,",
         "test_lm_training.py", "optimizer_it_was_trained_with"),
+    # ---- LoRA (training/lora.py, issue 54) ---------------------------------------------------
+    bug("lm-lora-base-left-trainable", "training/lora.py",
+        "param.requires_grad_(False)", "param.requires_grad_(True)",
+        LORA, "only_the_adapters"),
+    bug("lm-lora-merged-without-alpha-over-rank", "training/lora.py",
+        "module.weight += module.lora_scale * delta", "module.weight += delta",
+        LORA, "merged_model"),
+    bug("lm-lora-resumes-on-any-base", "training/lora.py",
+        "    if theirs != ours:", "    if False:",
+        LORA, "another_base"),
     # ---- language/tokenizer.py, and bits per byte across tokenizers (issue 37) --
     bug("lm-a-literal-end-of-text-splits-documents", "language/tokenizer.py",
         "self.inner.encode_special_tokens = True", "self.inner.encode_special_tokens = False",

@@ -43,7 +43,7 @@ MODEL_FIELDS = (
 )
 # Settings whose change a resume cannot follow beside the model's: the optimizer's state
 # (AdamW's moments, Muon's momentum) means nothing to the other optimizer.
-RESUME_FIELDS = (*MODEL_FIELDS, "matrix_optimizer")
+RESUME_FIELDS = (*MODEL_FIELDS, "matrix_optimizer", "lora_rank", "lora_alpha", "lora_targets")
 # What a checkpoint saved before a model-shaping setting existed was trained with.
 BEFORE_THE_SETTING = {
     "position": "learned",
@@ -54,6 +54,9 @@ BEFORE_THE_SETTING = {
     "qkv_bias": False,
     "norm_eps": 1e-5,
     "rope_base": 10000.0,
+    "lora_rank": 0,
+    "lora_alpha": 16.0,
+    "lora_targets": "auto",
 }
 
 

@@ -20,6 +20,7 @@ import torch
 
 from .. import slots
 from ..runtime import distributed
+from ..training import lora
 from . import checkpoint
 from . import sharded as sharded_checkpoint
 from .checkpoint import CheckpointError
@@ -52,16 +53,19 @@ class Part:
 
 
 def _save_weights(run: Run, at: Position) -> dict[str, Any]:
-    # A sharded checkpoint keeps model and optimizer as the shards beside this dict.
+    # A sharded checkpoint keeps model and optimizer as the shards beside this dict; a LoRA
+    # run's keeps its adapters only (training/lora.py).
     return {
-        "model": {} if run.sharded else run.raw_model.state_dict(),
+        "model": {} if run.sharded else lora.saved_weights(run.raw_model),
         "optimizer": {} if run.sharded else run.optimizer.state_dict(),
     }
 
 
 def _load_weights(run: Run, state: dict[str, Any], path: Path) -> None:
     # A sharded folder loads onto however many ranks this run has (resharding); either loads
-    # with this run's kernels, not the saving machine's (checkpoint.with_own_kernels).
+    # with this run's kernels, not the saving machine's (checkpoint.with_own_kernels). A LoRA
+    # run's adapters go beside this run's base, once its fingerprint is the checkpoint's.
+    state = lora.completed(run.raw_model, state, path)
     sharded_checkpoint.load_model_and_optimizer(path, state, run.raw_model, run.optimizer)
     if slots.load().optimizer is None:  # the template's AdamW: this run's --weight-decay
         set_weight_decay(run.optimizer, run.config.optim.weight_decay)
