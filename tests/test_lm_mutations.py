@@ -217,8 +217,8 @@ MUTATIONS = [
         "(context + continuation)[-(self.max_length + 1) :][:-1]",
         "(context + continuation)[: self.max_length + 1][:-1]",
         "test_harness.py", "hugging_face_backend"),
-    bug("lm-init-from-weights-never-loaded", "train.py",
-        "    gpt2_format.init_from(raw_model, config, log)", "    pass",
+    bug("lm-init-from-weights-never-loaded", "language/base_weights.py",
+        "        gpt2_format.init_from(model, config, log)\n", "",
         GPT2, "fine_tuning_starts"),
     # ---- model.py: causality, weight tying, the FLOPs MFU divides ------------------------
     bug("lm-attention-sees-the-future", "model.py",
