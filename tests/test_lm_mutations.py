@@ -139,8 +139,8 @@ MUTATIONS = [
         'name += "-" + tokenizer.fingerprint()', 'name += "-" + tokenizer.kind',
         TOKENIZERS, "each_document_then"),
     bug("outsider-sampling-goes-on-past-end-of-text", "generate.py",
-        "if int(following) == tokenizer.eot:\n                break",
-        "if int(following) == tokenizer.eot:\n                continue",
+        "if int(following) in ends:\n                break",
+        "if int(following) in ends:\n                continue",
         TOKENIZERS, "first_end_of_text"),
     bug("outsider-compress-counts-the-inputs-bytes", "language/compress.py",
         "size += int(sizes[windows[:, 1:][scored].cpu()].sum())",
@@ -362,6 +362,11 @@ MUTATIONS = [
     bug("lm-epoch-offset-under-two-ranks-mixes-two-epochs", "training/data_sources.py",
         "offset = self.epoch * len(self.dataset)", "offset = self.epoch * self.num_samples",
         "test_lm_training.py", "two_ranks_together"),
+    # ---- a Hugging Face folder's own tokens ------------------------------------------------
+    bug("lm-a-model-folder-s-eos-does-not-end-generation", "language/tokenizer.py",
+        "return {*self.eos_ids, *(() if self.eot is None else (self.eot,))}",
+        "return {*(() if self.eot is None else (self.eot,))}",
+        "test_hf_tokens.py", "own_eos_tokens"),
     # ---- chat fine-tuning (issue 54, item 3) ------------------------------------------------
     bug("lm-chat-loss-mask-shifted-by-one-token", "language/chat_data.py",
         "targets = window[1:].masked_fill(~covered[1:], IGNORE_INDEX)",

@@ -49,7 +49,7 @@ from .corpus import corpus_files, corpus_fingerprint, documents
 from .corpus import default_corpus as default_corpus  # where it was before language/corpus.py
 from .corpus import load_tokens as load_tokens
 from .corpus import read_text_bytes as read_text_bytes
-from .tokenizer import HFTokenizer, Tokenizer, from_record, tokenizer_at, train_bpe
+from .tokenizer import HFTokenizer, Tokenizer, eos_record, from_record, tokenizer_at, train_bpe
 
 VOCAB_SIZE = 256  # one token per byte value
 
@@ -341,6 +341,7 @@ def tokenizer_of(state: dict[str, Any], path: Path) -> Tokenizer:
     """The tokenizer a checkpoint keeps (bytes where it keeps none)."""
     try:
         tokenizer = from_record(state.get("tokenizer"))
+        tokenizer.eos_ids = eos_record(state.get("eos_ids"), tokenizer.vocab_size)  # or none
         return attach_chat_config(tokenizer, state.get("chat_template"))  # where it has one
     except DataError as error:
         raise CheckpointError(f"checkpoint {path}: its tokenizer: {error}") from None
