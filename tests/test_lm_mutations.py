@@ -367,6 +367,9 @@ MUTATIONS = [
         "return {*self.eos_ids, *(() if self.eot is None else (self.eot,))}",
         "return {*(() if self.eot is None else (self.eot,))}",
         "test_hf_tokens.py", "own_eos_tokens"),
+    bug("lm-evaluate-scores-a-chat-folder-s-prompts", "evaluate.py",
+        "if chat:  # only the answers' targets are scored", "if False:  # only the answers'",
+        "test_chat.py", "evaluate_scores"),
     # ---- chat fine-tuning (issue 54, item 3) ------------------------------------------------
     bug("lm-chat-loss-mask-shifted-by-one-token", "language/chat_data.py",
         "targets = window[1:].masked_fill(~covered[1:], IGNORE_INDEX)",
