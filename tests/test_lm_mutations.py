@@ -370,6 +370,9 @@ MUTATIONS = [
     bug("lm-evaluate-scores-a-chat-folder-s-prompts", "evaluate.py",
         "if chat:  # only the answers' targets are scored", "if False:  # only the answers'",
         "test_chat.py", "evaluate_scores"),
+    bug("lm-export-leaves-the-template-s-tokens-out", "language/hf_folders.py",
+        "config.update(tokens)", "config.update({})",
+        "test_hf_tokens.py", "same_ids"),
     # ---- chat fine-tuning (issue 54, item 3) ------------------------------------------------
     bug("lm-chat-loss-mask-shifted-by-one-token", "language/chat_data.py",
         "targets = window[1:].masked_fill(~covered[1:], IGNORE_INDEX)",
