@@ -10,11 +10,13 @@ vocabulary 256.
 Every checkpoint keeps its tokenizer (`to_json`): generate, evaluate and compress read text
 with the checkpoint's own. A Hugging Face folder's tokenizer keeps the folder's own
 end-of-text tokens too (`eos_ids`, `read_eos_ids`: Llama's `</s>`, Qwen2's `<|im_end|>`...),
-where generation stops; checkpoints keep them as `eos_ids` beside the tokenizer. Bits per byte stays the one quality figure across tokenizers: a
-token stands for a definite string of UTF-8 bytes (`pieces`; none for `<|endoftext|>`), and a
-text's bits are divided by its bytes, not by its tokens. For a byte-level tokenizer the
-pieces are exact (decode(encode(text)) == text); another tokenizer.json (a SentencePiece
-kind) decodes token by token, which can drop the spaces its decoder adds between words.
+where generation stops; checkpoints keep them as `eos_ids` beside the tokenizer.
+
+Bits per byte stays the one quality figure across tokenizers: a token stands for a definite
+string of UTF-8 bytes (`pieces`; none for `<|endoftext|>`), and a text's bits are divided by
+its bytes, not by its tokens. For a byte-level tokenizer the pieces are exact
+(decode(encode(text)) == text); another tokenizer.json (a SentencePiece kind) decodes token
+by token, which can drop the spaces its decoder adds between words.
 """
 
 from __future__ import annotations
