@@ -127,6 +127,11 @@ ENV_PACKAGES = [
     "onnxscript>=0.2",
     # Downstream tasks (extra `eval` of a language model): evaluate --tasks and its tests.
     "lm-eval>=0.4",
+    # The HTTP server (extra `serve`) and its tests: the official OpenAI client against it.
+    "fastapi>=0.115",
+    "uvicorn>=0.30",
+    "python-multipart>=0.0.9",
+    "openai>=1.40",
     "mkdocs-material>=9.5",  # the docs session and tests/test_docs.py build the site
 ]
 NO_CUDA = "no CUDA device: GPU checks skipped"

@@ -73,7 +73,8 @@ SHRINK_BY_MODULE = {
 }
 # Too slow to run here (minutes); a test of the generated project must run it with the same flags.
 # (single-node torchrun starts three torch processes: the generated suite runs it already).
-COVERED_BY_PROJECT_TESTS = {f"{PACKAGE}.benchmark", "torch.distributed.run"}
+# `serve` runs until stopped: a generated test starts it and stops it (SIGTERM).
+COVERED_BY_PROJECT_TESTS = {f"{PACKAGE}.benchmark", f"{PACKAGE}.serve", "torch.distributed.run"}
 # Project nox sessions cheap enough to execute here with --no-venv (the `tests` session is the
 # project's whole suite, which the render matrix runs: tests/test_matrix.py).
 CHEAP_PROJECT_SESSIONS = {"gpu", "lint"}

@@ -23,11 +23,12 @@ NAMES = sorted(MATRIX)
 USER_FILES = {"config", "data", "model", "extensions"}
 # Besides your files: the registry, the seven techniques, and each task's commands.
 SHARED_TOP = {"slots", "utils", "train", "evaluate", "export", "benchmark", "profiling", "tune"}
-SHARED_TOP |= {"sweep"}
+SHARED_TOP |= {"sweep", "serve"}
 TASK_TOP = {"image": {"predict"}, "lm": {"generate", "prepare"}}
 SUBPACKAGES = {"settings", "checkpointing", "runtime", "training", "observability", "benchmarks"}
+SUBPACKAGES |= {"serving"}
 WING = {"image": "vision", "lm": "language"}
-MAX_TOP = 15
+MAX_TOP = 16  # the LM's: four files of yours, slots, utils and ten commands
 TECHNIQUES = [
     "Seeding and determinism",
     "Anomaly detection",

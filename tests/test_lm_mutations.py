@@ -373,6 +373,13 @@ MUTATIONS = [
     bug("lm-export-leaves-the-template-s-tokens-out", "language/hf_folders.py",
         "config.update(tokens)", "config.update({})",
         "test_hf_tokens.py", "same_ids"),
+    # ---- serve (issue 55): a client that left, a body that lies about its length ------------
+    bug("lm-serve-generates-on-for-a-client-that-left", "serving/engine.py",
+        "        return job.cancelled\n", "        return False\n",
+        "test_serve.py", "sixteen_streaming_clients"),
+    bug("lm-serve-trusts-content-length-alone", "serving/guard.py",
+        "            if size > self.limit:", "            if False:",
+        "test_serve.py", "oversized_body"),
     # ---- chat fine-tuning (issue 54, item 3) ------------------------------------------------
     bug("lm-chat-loss-mask-shifted-by-one-token", "language/chat_data.py",
         "targets = window[1:].masked_fill(~covered[1:], IGNORE_INDEX)",

@@ -1,0 +1,182 @@
+"""The one thread that runs the model: every torch call of the server happens on it, so
+requests arriving together never run the model at the same time from two threads.
+
+Two kinds of work reach it from the event loop:
+
+- streams (the language model): a generator that does one token's work per step
+  (generate.decode). Up to `max_active` run interleaved, one step of each in turn, so a long
+  answer does not hold back a short one; the rest wait in arrival order. A stream whose client
+  went away is closed before its next step.
+- batched items (images): each request's input waits up to `batch_wait` seconds for others,
+  then up to `max_batch` of them go through `batch_fn` together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Stream:
+    steps: Generator[Any, None, Any]
+    deliver: Callable[[str, Any], None]  # ("item" | "done" | "error", value), on any thread
+    cancelled: bool = False
+
+
+@dataclass
+class Item:
+    value: Any
+    deliver: Callable[[str, Any], None]
+    at: float = field(default_factory=time.monotonic)
+
+
+class Worker:
+    """The model's thread; `stop()` ends it after the work it holds."""
+
+    def __init__(
+        self,
+        *,
+        max_active: int = 1,
+        max_batch: int = 1,
+        batch_wait: float = 0.005,
+        batch_fn: Callable[[list[Any]], list[Any]] | None = None,
+    ):
+        self.max_active, self.max_batch, self.batch_wait = max_active, max_batch, batch_wait
+        self.batch_fn = batch_fn
+        self.waiting: collections.deque[Stream] = collections.deque()
+        self.active: list[Stream] = []
+        self.items: collections.deque[Item] = collections.deque()
+        self.batches = 0  # forward passes over batched items (the metrics show them)
+        self.seconds = 0.0  # time spent running the model (steps and batches)
+        self.cancelled = 0  # streams closed before their end (their client went away)
+        self.stopping = False
+        self.condition = threading.Condition()
+        self.thread = threading.Thread(target=self._run, name="model-worker", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        with self.condition:
+            self.stopping = True
+            self.condition.notify()
+        self.thread.join()
+
+    def busy(self) -> int:
+        """Streams running or waiting."""
+        with self.condition:
+            return len(self.active) + len(self.waiting)
+
+    async def stream(self, steps: Generator[Any, None, Any]) -> AsyncIterator[tuple[str, Any]]:
+        """The steps' items as ("item", value), then ("done", returned) or ("error", exc);
+        leaving the loop early (a client gone) closes the generator on the worker."""
+        queue, job = self._job(steps)
+        try:
+            while True:
+                kind, value = await queue.get()
+                yield kind, value
+                if kind != "item":
+                    return
+        finally:
+            job.cancelled = True
+            with self.condition:
+                self.condition.notify()
+
+    def _job(self, steps: Generator[Any, None, Any]) -> tuple[asyncio.Queue[Any], Stream]:
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        job = Stream(steps, _deliverer(queue))
+        with self.condition:
+            self.waiting.append(job)
+            self.condition.notify()
+        return queue, job
+
+    async def submit(self, value: Any) -> Any:
+        """`batch_fn`'s result for `value`, computed in a batch with what arrives meanwhile."""
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        with self.condition:
+            self.items.append(Item(value, _deliverer(queue)))
+            self.condition.notify()
+        kind, result = await queue.get()
+        if kind == "error":
+            raise result
+        return result
+
+    def _run(self) -> None:
+        while True:
+            with self.condition:
+                while not (self.stopping or self.waiting or self.active or self.items):
+                    self.condition.wait()
+                if self.stopping and not (self.waiting or self.active or self.items):
+                    return
+                self.active = [job for job in self.active if not self._dropped(job)]
+                self.waiting = collections.deque(j for j in self.waiting if not self._dropped(j))
+                while self.waiting and len(self.active) < self.max_active:
+                    job = self.waiting.popleft()
+                    if not self._dropped(job):
+                        self.active.append(job)
+                batch = self._gather() if self.items else []
+                active = list(self.active)
+            started = time.perf_counter()
+            if batch:
+                self._run_batch(batch)
+            for job in active:
+                self._step(job)
+            self.seconds += time.perf_counter() - started
+
+    def _dropped(self, job: Stream) -> bool:
+        if job.cancelled:
+            job.steps.close()  # runs the generator's cleanup; no more tokens for it
+            self.cancelled += 1
+        return job.cancelled
+
+    def _gather(self) -> list[Item]:
+        """Up to max_batch items, once the first has waited batch_wait (or the batch is full);
+        called holding the condition."""
+        while len(self.items) < self.max_batch and not self.stopping:
+            left = self.items[0].at + self.batch_wait - time.monotonic()
+            if left <= 0:
+                break
+            self.condition.wait(left)
+        count = min(self.max_batch, len(self.items))
+        return [self.items.popleft() for _ in range(count)]
+
+    def _run_batch(self, batch: list[Item]) -> None:
+        assert self.batch_fn is not None
+        try:
+            results = self.batch_fn([item.value for item in batch])
+        except Exception as error:  # reported to each request, the worker goes on
+            for item in batch:
+                item.deliver("error", error)
+            return
+        self.batches += 1
+        for item, result in zip(batch, results, strict=True):
+            item.deliver("done", result)
+
+    def _step(self, job: Stream) -> None:
+        if job.cancelled:
+            return
+        try:
+            job.deliver("item", next(job.steps))
+            return
+        except StopIteration as finished:
+            job.deliver("done", finished.value)
+        except Exception as error:
+            job.deliver("error", error)
+        with self.condition:
+            self.active.remove(job)
+
+
+def _deliverer(queue: asyncio.Queue[Any]) -> Callable[[str, Any], None]:
+    """Hands (kind, value) from the worker thread to `queue` on the caller's event loop."""
+    loop = asyncio.get_running_loop()
+
+    def deliver(kind: str, value: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
+
+    return deliver
