@@ -124,7 +124,8 @@ def chat_tokens_and_mask(
 def end_of_turn_ids(tokenizer: Tokenizer) -> list[int]:
     """The tokens that end an assistant's turn (where generation stops): the special token
     the template writes after an assistant's message, the eos token (a special token, or
-    text of one token: the default template's 0x04 for bytes), the end-of-text token."""
+    text of one token: the default template's 0x04 for bytes), the end-of-text token and a
+    model folder's own eos tokens."""
     probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
     tokens, mask = chat_tokens_and_mask(tokenizer, probe)
     _, named = chat_template(tokenizer)
@@ -134,9 +135,7 @@ def end_of_turn_ids(tokenizer: Tokenizer) -> list[int]:
     eos = _encode(tokenizer, named["eos_token"], specials) if "eos_token" in named else []
     if len(eos) == 1:
         found.add(eos[0])
-    if tokenizer.eot is not None:
-        found.add(tokenizer.eot)
-    return sorted(found)
+    return sorted(found | tokenizer.end_ids())
 
 
 def _tokens(

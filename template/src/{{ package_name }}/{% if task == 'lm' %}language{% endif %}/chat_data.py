@@ -163,6 +163,7 @@ def prepare_chat(
             "kind": tokenizer.kind,
             "fingerprint": tokenizer.fingerprint(),
             "vocab_size": tokenizer.vocab_size,
+            "eos_ids": list(tokenizer.eos_ids),  # a model folder's own (tokenizer.read_eos_ids)
         },
         **{name: {"file": f"{name}{suffix}", **totals[name]} for name in totals},
     }

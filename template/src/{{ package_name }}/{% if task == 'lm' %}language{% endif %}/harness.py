@@ -71,10 +71,10 @@ class ProjectLM(TemplateLM):
 
     @property
     def eot_token_id(self) -> int:
-        """The end-of-text token; a tokenizer without one (bytes) starts texts with a newline,
-        as `generate` does."""
-        eot = self.codec.eot
-        return eot if eot is not None else self.codec.encode(b"\n")[0]
+        """The end-of-text token, else a model folder's first eos token; a tokenizer without
+        either (bytes) starts texts with a newline, as `generate` does."""
+        ends = [self.codec.eot] if self.codec.eot is not None else sorted(self.codec.eos_ids)
+        return ends[0] if ends else self.codec.encode(b"\n")[0]
 
     @property
     def tokenizer_name(self) -> str:

@@ -17,6 +17,8 @@ import torch
 
 from ..checkpointing.checkpoint import CheckpointError
 from ..settings.base import ConfigError
+from ..training.data_sources import DataError
+from .chat import chat_template, end_of_turn_ids
 from .tokenizer import Tokenizer, byte_tokenizer_json
 
 
@@ -90,13 +92,17 @@ def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
 def write_folder(
     out: Path, spec: dict[str, Any], weights: dict[str, torch.Tensor], tokenizer: Tokenizer
 ) -> None:
-    """Write `out` (config.json, model.safetensors, tokenizer.json) whole or not at all: built
-    in a temporary folder beside it, then renamed; an existing `out` is refused."""
+    """Write `out` (config.json, model.safetensors, tokenizer.json, tokenizer_config.json,
+    generation_config.json) whole or not at all: built in a temporary folder beside it, then
+    renamed; an existing `out` is refused. config.json's eos_token_id: the tokens that end a
+    text (`Tokenizer.end_ids`)."""
     from safetensors.torch import save_file
 
     if out.exists():
         raise ConfigError(f"--out {out} exists; remove it or choose another folder")
     weights = {name: tensor.detach().float().contiguous() for name, tensor in weights.items()}
+    spec = {**spec, "eos_token_id": eos_value(tokenizer.end_ids())}
+    configs = token_configs(tokenizer)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
@@ -107,6 +113,41 @@ def write_folder(
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         text = tokenizer.to_json() or byte_tokenizer_json()
         (tmp / "tokenizer.json").write_text(text, encoding="utf-8")
+        for name, content in configs.items():
+            (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
         os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def eos_value(ids: set[int]) -> int | list[int] | None:
+    """eos_token_id as transformers reads it: one id, a list of them, or None."""
+    ordered = sorted(ids)
+    return (ordered[0] if len(ordered) == 1 else ordered) if ordered else None
+
+
+def token_configs(tokenizer: Tokenizer) -> dict[str, dict[str, Any]]:
+    """tokenizer_config.json and generation_config.json of an exported folder: the chat
+    template the checkpoint's conversations use (its own, else the default where the
+    tokenizer can end a turn) with its special-token strings, so transformers'
+    `apply_chat_template` gives `render_chat`'s ids; eos_token_id: the tokens that end a text
+    and, with a template, a turn (where `generate --chat` stops)."""
+    config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    ends = tokenizer.end_ids()
+    try:
+        template, tokens = chat_template(tokenizer)
+    except DataError:  # no template of its own and no end-of-text token to end a turn
+        template, tokens = None, {}
+    if template is not None:
+        if tokenizer.kind == "bytes":  # its end of turn (0x04) is text: no token to name
+            template = template.replace("{{ eos_token }}", tokens.pop("eos_token", ""))
+        config["chat_template"] = template
+        ends |= set(end_of_turn_ids(tokenizer))
+    inner = getattr(tokenizer, "inner", None)
+    if "eos_token" not in tokens and tokenizer.end_ids() and inner is not None:
+        tokens["eos_token"] = inner.id_to_token(min(tokenizer.end_ids()))
+    config.update(tokens)
+    return {
+        "tokenizer_config.json": config,
+        "generation_config.json": {"eos_token_id": eos_value(ends)},
+    }

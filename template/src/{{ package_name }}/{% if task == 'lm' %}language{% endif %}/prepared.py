@@ -14,7 +14,7 @@ import torch
 from ..training.data_sources import DataError
 from .corpus import load_tokens
 from .prepared_sources import Unit
-from .tokenizer import HFTokenizer, Tokenizer
+from .tokenizer import HFTokenizer, Tokenizer, eos_record
 
 FORMAT = 1  # manifest.json's "format": what load_prepared reads
 PARTS = ".parts"  # finished parts of a run that has not ended yet
@@ -101,5 +101,10 @@ def load_prepared(
             f"the model's or --tokenizer's ({tokenizer.fingerprint()}); prepare the text again "
             "with that --tokenizer"
         )
+    own.eos_ids = (
+        tokenizer.eos_ids
+        if tokenizer is not None
+        else eos_record(manifest["tokenizer"].get("eos_ids"), own.vocab_size)
+    )
     train, val = (load_tokens(path) for path in files)
     return train, val, own, fingerprint

@@ -52,6 +52,7 @@ from .tokenizer import (
     HFTokenizer,
     Tokenizer,
     attach_chat_config,
+    eos_record,
     from_record,
     tokenizer_at,
     train_bpe,
@@ -347,6 +348,7 @@ def tokenizer_of(state: dict[str, Any], path: Path) -> Tokenizer:
     """The tokenizer a checkpoint keeps (bytes where it keeps none)."""
     try:
         tokenizer = from_record(state.get("tokenizer"))
+        tokenizer.eos_ids = eos_record(state.get("eos_ids"), tokenizer.vocab_size)  # or none
         return attach_chat_config(tokenizer, state.get("chat_template"))  # where it has one
     except DataError as error:
         raise CheckpointError(f"checkpoint {path}: its tokenizer: {error}") from None

@@ -8,11 +8,15 @@ a folder holding one, such as a hub model's. `--tokenizer bytes`: token i is byt
 vocabulary 256.
 
 Every checkpoint keeps its tokenizer (`to_json`): generate, evaluate and compress read text
-with the checkpoint's own. Bits per byte stays the one quality figure across tokenizers: a
-token stands for a definite string of UTF-8 bytes (`pieces`; none for `<|endoftext|>`), and a
-text's bits are divided by its bytes, not by its tokens. For a byte-level tokenizer the
-pieces are exact (decode(encode(text)) == text); another tokenizer.json (a SentencePiece
-kind) decodes token by token, which can drop the spaces its decoder adds between words.
+with the checkpoint's own. A Hugging Face folder's tokenizer keeps the folder's own
+end-of-text tokens too (`eos_ids`, `read_eos_ids`: Llama's `</s>`, Qwen2's `<|im_end|>`...),
+where generation stops; checkpoints keep them as `eos_ids` beside the tokenizer.
+
+Bits per byte stays the one quality figure across tokenizers: a token stands for a definite
+string of UTF-8 bytes (`pieces`; none for `<|endoftext|>`), and a text's bits are divided by
+its bytes, not by its tokens. For a byte-level tokenizer the pieces are exact
+(decode(encode(text)) == text); another tokenizer.json (a SentencePiece kind) decodes token
+by token, which can drop the spaces its decoder adds between words.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ class Tokenizer:
     kind = "bytes"
     vocab_size = 256
     eot: int | None = None  # the end-of-text token between documents; bytes have none
+    # A model folder's own end-of-text tokens (`read_eos_ids`: Llama's </s>, Qwen2's
+    # <|im_end|>...): generation stops at them too. () for the project's own tokenizers.
+    eos_ids: tuple[int, ...] = ()
     # The chat template and its special-token strings, where the tokenizer came with one
     # (language/chat.py; None: the default template).
     chat_config: dict[str, Any] | None = None
@@ -53,6 +60,11 @@ class Tokenizer:
     def piece(self, token: int) -> bytes:
         """The bytes one token stands for."""
         return bytes([token])
+
+    def end_ids(self) -> set[int]:
+        """The tokens that end a text (`generate` stops at them): the end-of-text token and a
+        model folder's own eos tokens."""
+        return {*self.eos_ids, *(() if self.eot is None else (self.eot,))}
 
     def token_bytes(self) -> torch.Tensor:
         """(vocab,) int64: how many bytes each token stands for (bits per byte divides by
@@ -193,7 +205,39 @@ def tokenizer_at(spec: str) -> Tokenizer:
         raise DataError(f"--tokenizer {spec}: cannot read {path} ({error})") from None
     except DataError as error:
         raise DataError(f"--tokenizer {spec}: {path} is {error}") from None
+    tokenizer.eos_ids = read_eos_ids(path.parent, tokenizer)
     return attach_chat_config(tokenizer, read_chat_config(path.parent))
+
+
+def read_eos_ids(folder: Path, tokenizer: Tokenizer) -> tuple[int, ...]:
+    """A Hugging Face folder's own end-of-text tokens: `eos_token_id` (an id or a list) of its
+    config.json and generation_config.json, and tokenizer_config.json's `eos_token` (its id),
+    those inside the tokenizer's vocabulary; () where it names none."""
+    found: list[object] = []
+    for name in ("config.json", "generation_config.json", "tokenizer_config.json"):
+        path = folder / name
+        try:
+            spec = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        except (OSError, ValueError) as error:
+            raise DataError(f"cannot read {path} ({error})") from None
+        if not isinstance(spec, dict):
+            continue
+        ids = spec.get("eos_token_id")
+        found += ids if isinstance(ids, list) else [ids]
+        token = spec.get("eos_token")
+        token = token.get("content") if isinstance(token, dict) else token
+        if isinstance(token, str) and isinstance(tokenizer, HFTokenizer):
+            found.append(tokenizer.inner.token_to_id(token))
+    return eos_record(found, tokenizer.vocab_size)
+
+
+def eos_record(ids: object, vocab_size: int) -> tuple[int, ...]:
+    """The eos ids of a list (a folder's, a checkpoint's `eos_ids`), those that are token
+    ids of a `vocab_size` vocabulary, sorted; () for anything else (an old checkpoint's None)."""
+    if not isinstance(ids, list):
+        return ()
+    kept = {i for i in ids if isinstance(i, int) and not isinstance(i, bool) and i >= 0}
+    return tuple(sorted(i for i in kept if i < vocab_size))
 
 
 def byte_tokenizer_json() -> str:
