@@ -140,7 +140,8 @@ def token_configs(tokenizer: Tokenizer) -> dict[str, dict[str, Any]]:
         template, tokens = None, {}
     if template is not None:
         if tokenizer.kind == "bytes":  # its end of turn (0x04) is text: no token to name
-            template = template.replace("{{ eos_token }}", tokens.pop("eos_token", ""))
+            eos = "{" * 2 + " eos_token " + "}" * 2  # the default template's place for it
+            template = template.replace(eos, tokens.pop("eos_token", ""))
         config["chat_template"] = template
         ends |= set(end_of_turn_ids(tokenizer))
     inner = getattr(tokenizer, "inner", None)
