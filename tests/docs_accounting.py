@@ -114,6 +114,8 @@ def account(acc: Accounting, command: Command, page: Any, page_index: int, base:
     runner = acc.runner(page_index, base, page)
     if module.startswith(PACKAGE + "."):
         acc.module_steps.append((command, runner.module_step(module, words[3:]), base))
+    elif program == "python" and words[1:2] and words[1] in page.files:
+        acc.module_steps.append((command, runner.script_step(words[1], words[2:]), base))
     elif program in ("python", "grep", "ps", "copier", "torchrun", "git"):
         acc.later.append((command, runner, rewrite(words, acc.template_repo), env))
     else:
@@ -199,7 +201,8 @@ def account_run_by_ci(
 def execute(acc: Accounting) -> list[tuple[float, str]]:
     """Run what was queued; returns (seconds, where) per command, adding problems to `acc`.
 
-    Module commands run in one worker process, in page order. Meanwhile (two cores, two
+    Module commands, and `python FILE.py` of a file the page writes, run in one worker
+    process, in page order. Meanwhile (two cores, two
     streams) the shell commands that cannot see what module commands write run: copier and
     git (they touch only tracked files), and commands that name no run output, each in a
     copy of its own. The rest run after the worker, since they may read its output

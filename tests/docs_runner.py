@@ -55,10 +55,13 @@ for step in steps:
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     out = io.StringIO()
     code = 0
-    sys.argv = [step["module"], *step["args"]]
+    sys.argv = [step.get("path") or step["module"], *step["args"]]
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         try:
-            runpy.run_module(step["module"], run_name="__main__", alter_sys=True)
+            if "path" in step:  # a script the page writes (a title="x.py" block)
+                runpy.run_path(step["path"], run_name="__main__")
+            else:
+                runpy.run_module(step["module"], run_name="__main__", alter_sys=True)
         except SystemExit as exit:
             code = exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
         except BaseException:
@@ -150,6 +153,11 @@ class Runner:
                 args = shrink_budget(args)
                 shrink = [*SHRINK[:-2], "--seq-len", "64"]
         return {"cwd": str(self.project), "module": module, "args": [*args, *shrink]}
+
+    def script_step(self, path: str, args: list[str]) -> dict:
+        """`python FILE.py` of a file the page writes: a step of the driver, in page order,
+        since the module commands after it may read what it writes (a model folder)."""
+        return {"cwd": str(self.project), "module": path, "path": path, "args": args}
 
     def shell(self, words: list[str], cwd: Path, env: dict[str, str] | None = None):
         return subprocess.run(

@@ -24,7 +24,9 @@ How "every command shown in the docs was run by a test or by CI" is enforced
    - EXECUTED HERE, in document order, in a copy of the rendered project:
      `python -m my_torch_project.<module>` (in one worker process that imports torch once,
      with SHRINK flags appended that only make the data small: the flags the page shows are
-     all parsed and used), `copier copy/update/check-update` (the template source rewritten
+     all parsed and used; `python FILE.py` of a file the page writes, a title block, runs
+     there too, in page order, so the commands after it can read what it makes),
+     `copier copy/update/check-update` (the template source rewritten
      to a one-commit copy of this checkout, with `--defaults` so it cannot wait for input),
      `nox --no-venv -s <session>` for the project's cheap sessions, `git` (`git commit` with
      `--allow-empty`: the page's update, here to the same commit, may have changed nothing),
