@@ -194,7 +194,8 @@ MUTATIONS = [
         GPT2, "refuses_an_existing_folder"),
     # ---- language/llama.py, hf_llama.py, neox_format.py: --model llama, HF folders ----------
     bug("lm-llama-kv-heads-tiled-not-interleaved", "language/llama.py",
-        "k = k.repeat_interleave(groups, dim=1)\n            v = v.repeat_interleave(groups, dim=1)",
+        "k = k.repeat_interleave(groups, dim=1)\n"
+        "            v = v.repeat_interleave(groups, dim=1)",
         "k = k.repeat(1, groups, 1, 1)\n            v = v.repeat(1, groups, 1, 1)",
         LLAMA, "loads_with_its_logits"),
     bug("lm-llama-rms-norm-eps-ignored", "language/llama.py",
