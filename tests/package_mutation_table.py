@@ -438,4 +438,12 @@ TRAINING = [
     bug("mfu-above-the-peak-printed", "observability/mfu.py",
         "if not peak or achieved_tflops > peak:", "if not peak:",
         "test_mfu.py", "above_one"),
+    # ---- serve (issue 55): another host than this machine, said in one line ------------------
+    bug("serve-listens-to-other-machines-without-a-word", "serve.py",
+        "    if args.host not in LOCAL_HOSTS:", "    if False:",
+        "test_serve.py", "another_host"),
+    bug("serve-sends-images-in-another-order-than-they-came", "serving/vision.py",
+        "return list(image_model.trained.model(batch).float().softmax(1).cpu())",
+        "return list(image_model.trained.model(batch).float().softmax(1).cpu().flip(0))",
+        "test_serve.py", "batch_what_each_gives_alone"),
 ]  # fmt: skip
