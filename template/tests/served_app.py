@@ -199,4 +199,7 @@ def check_serving_section(section: dict[str, Any], unit: str) -> None:
         rate = level["requests"] / level["wall_s"] * section["units_per_request"]
         assert abs(level["units_per_s"] - rate) <= 1e-9 * rate
         assert max(latencies) <= level["wall_s"]
-    assert section["table"]["rows"][2][0] == "server / direct"
+    assert "server / direct" in [row[0] for row in section["table"]["rows"]]
+    assert section["others"]["server"]["ratio"] == ratio  # every server, each with its ratio
+    for other in section["others"].values():
+        assert other["ratio"]["ratio"] > 0 and len(other["ratio"]["per_round"]) == len(per_round)
