@@ -127,7 +127,7 @@ def test_a_render_offers_only_its_own_task_s_settings_and_benchmark_sections(ren
     ]
     assert isinstance(sections, ast.Dict)
     numbers = {ast.literal_eval(key) for key in sections.keys if key is not None}
-    assert numbers == set(range(1, 13)) - TASK_SECTIONS[other], numbers
+    assert numbers == set(range(1, 14)) - TASK_SECTIONS[other], numbers
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -168,3 +168,38 @@ def start_serving(package: str, *flags: str, prelude: str = "") -> tuple[Any, in
                 process.kill()
                 raise AssertionError(process.communicate()[0]) from None
             time.sleep(0.1)
+
+
+def check_serving_section(section: dict[str, Any], unit: str) -> None:
+    """The benchmark's serving section (13) is well formed: a positive server / direct ratio
+    that is the median of its per-round ratios, and 1, 4 and 16 clients, each with p50 <= p99
+    and a throughput that is its requests over its wall time. Never a speed."""
+    assert section["status"] == "measured", section
+    assert section["unit"] == unit and section["units_per_request"] >= 1
+    ratio = section["ratio"]
+    per_round = [
+        a / b
+        for a, b in zip(section["server"]["rounds_s"], section["direct"]["rounds_s"], strict=True)
+    ]
+    assert len(per_round) >= 3 and ratio["per_round"] == per_round
+    ordered = sorted(per_round)
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    assert ratio["ratio"] > 0 and abs(ratio["ratio"] - median) < 1e-9
+    low, high = ratio["spread"]
+    assert min(per_round) <= low <= ratio["ratio"] <= high <= max(per_round)
+    assert abs(section["overhead_percent"] - 100 * (ratio["ratio"] - 1)) < 1e-9
+    assert [level["clients"] for level in section["levels"]] == [1, 4, 16]
+    for level in section["levels"]:
+        latencies = level["latencies_s"]
+        assert (
+            len(latencies) == level["requests"] == level["clients"] * level["requests_per_client"]
+        )
+        assert 0 < min(latencies) <= level["p50_s"] <= level["p99_s"] <= max(latencies)
+        rate = level["requests"] / level["wall_s"] * section["units_per_request"]
+        assert abs(level["units_per_s"] - rate) <= 1e-9 * rate
+        assert max(latencies) <= level["wall_s"]
+    assert "server / direct" in [row[0] for row in section["table"]["rows"]]
+    assert section["others"]["server"]["ratio"] == ratio  # every server, each with its ratio
+    for other in section["others"].values():
+        assert other["ratio"]["ratio"] > 0 and len(other["ratio"]["per_round"]) == len(per_round)
