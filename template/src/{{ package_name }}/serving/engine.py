@@ -7,8 +7,10 @@ Two kinds of work reach it from the event loop:
   (generate.decode). Up to `max_active` run interleaved, one step of each in turn, so a long
   answer does not hold back a short one; the rest wait in arrival order. A stream whose client
   went away is closed before its next step.
-- batched items (images): each request's input waits up to `batch_wait` seconds for others,
-  then up to `max_batch` of them go through `batch_fn` together.
+- batched items (images): up to `max_batch` of those waiting go through `batch_fn` together:
+  with `batch_wait` 0 (serve's default) the ones that queued while the model ran, so one
+  client never waits and many form batches by themselves; above 0, the first waits up to
+  `batch_wait` seconds for others.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class Worker:
         *,
         max_active: int = 1,
         max_batch: int = 1,
-        batch_wait: float = 0.005,
+        batch_wait: float = 0.0,
         batch_fn: Callable[[list[Any]], list[Any]] | None = None,
     ):
         self.max_active, self.max_batch, self.batch_wait = max_active, max_batch, batch_wait
