@@ -126,7 +126,7 @@ ENV_PACKAGES = [
     "onnxruntime>=1.18",
     "onnxscript>=0.2",
     # Downstream tasks (extra `eval` of a language model): evaluate --tasks and its tests.
-    "lm-eval>=0.4",
+    "lm-eval[hf]>=0.4",  # [hf]: accelerate, for lm-eval's Hugging Face backend (the tests')
     # The HTTP server (extra `serve`) and its tests: the official OpenAI client against it.
     "fastapi>=0.115",
     "uvicorn>=0.30",

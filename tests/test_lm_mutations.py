@@ -388,7 +388,7 @@ MUTATIONS = [
     # ---- serve (issue 55): a client that left, a body that lies about its length ------------
     bug("lm-serve-generates-on-for-a-client-that-left", "serving/engine.py",
         "        return job.cancelled\n", "        return False\n",
-        "test_serve.py", "sixteen_streaming_clients"),
+        "test_serve.py", "sixty_four_streaming_clients"),
     bug("lm-serve-trusts-content-length-alone", "serving/guard.py",
         "            if size > self.limit:", "            if False:",
         "test_serve.py", "oversized_body"),
