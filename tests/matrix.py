@@ -80,7 +80,6 @@ SLOW_FILES: dict[str, list[str]] = {
         "tests/test_language_model.py",
         "tests/test_parallel_processes.py",
         "tests/test_step_checkpoints.py",  # the LM's SIGKILL-and-resume test (issue 36)
-        "tests/test_chat.py",  # a tiny model learns a chat format (issue 54)
     ],
 }
 

@@ -133,7 +133,12 @@ def test_the_kept_example_updates_by_following_the_notes(kept, tmp_path):
     # The Review block's test command: the whole fast suite, ours and the template's tests.
     *_, suite = doc_commands("## Review what changed")
     assert suite == 'python -m pytest -m "not gpu"'
-    run_doc(project, f'{suite} -m "not gpu and not slow" -q -p no:cacheprovider -x')
+    # Its own test file and the template's that read its edits (model, data source, config
+    # defaults, the slots): the whole suite of the same template code runs in the renders of
+    # tests/test_user_install.py and tests/test_matrix.py.
+    reading = "tests/test_our_model.py tests/test_model.py tests/test_data.py tests/test_smoke.py"
+    reading += " tests/test_config.py tests/test_slots.py"
+    run_doc(project, f'{suite} -m "not gpu and not slow" -q -p no:cacheprovider -x {reading}')
 
 
 def test_conflict_rej_on_the_kept_example_is_found_by_the_documented_checks(kept, tmp_path):
