@@ -133,13 +133,7 @@ def init_from(model: nn.Module, config: Config, log: Callable[[str], None]) -> N
     own = model.state_dict()
     if "head.weight" in own and "head.weight" not in state:
         state["head.weight"] = state.get("token.weight", torch.empty(0))  # tied to wte
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as error:
-        first = str(error).strip().splitlines()[1 if "\n" in str(error) else 0].strip()
-        raise CheckpointError(f"--init-from {folder}: the model does not fit ({first})") from None
-    count = sum(t.numel() for t in model.parameters())
-    log(f"--init-from {folder}: loaded {len(state)} tensors ({count / 1e6:.1f} M parameters)")
+    hf_folders.load_weights(model, state, folder, log)
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +153,20 @@ def token_configs(tokenizer: Tokenizer) -> dict[str, dict[str, Any]]:
         "tokenizer_config.json": config,
         "generation_config.json": {"eos_token_id": eos_value(ends)},
     }
+
+
+def load_weights(
+    model: torch.nn.Module,
+    state: dict[str, torch.Tensor],
+    folder: Path | str,
+    log: Callable[[str], None],
+) -> None:
+    """Load a folder's weights (named as `model`'s) into `model`, or one line saying why they
+    do not fit; log how many were loaded."""
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as error:
+        first = str(error).strip().splitlines()[1 if "\n" in str(error) else 0].strip()
+        raise CheckpointError(f"--init-from {folder}: the model does not fit ({first})") from None
+    count = sum(t.numel() for t in model.parameters())
+    log(f"--init-from {folder}: loaded {len(state)} tensors ({count / 1e6:.1f} M parameters)")

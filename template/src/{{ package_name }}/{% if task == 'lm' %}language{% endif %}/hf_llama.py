@@ -156,13 +156,7 @@ def init_from(model: nn.Module, folder: Path, log: Callable[[str], None]) -> Non
                 "output layer is tied (tie_word_embeddings true): not loaded"
             )
         state["head.weight"] = state.get("token.weight", torch.empty(0))
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as error:
-        first = str(error).strip().splitlines()[1 if "\n" in str(error) else 0].strip()
-        raise CheckpointError(f"--init-from {folder}: the model does not fit ({first})") from None
-    count = sum(t.numel() for t in model.parameters())
-    log(f"--init-from {folder}: loaded {len(state)} tensors ({count / 1e6:.1f} M parameters)")
+    hf_folders.load_weights(model, state, folder, log)
 
 
 def to_hf_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
