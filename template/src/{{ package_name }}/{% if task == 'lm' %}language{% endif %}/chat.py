@@ -12,8 +12,9 @@ chat template, a Jinja template over `messages` and `add_generation_prompt`:
   `strftime_now`, and its `generation` blocks allowed (read as plain text);
 - else `DEFAULT_TEMPLATE`, for the project's own tokenizers: each message as
   `<|ROLE|>\\nCONTENT` followed by the end-of-turn token, `<|endoftext|>` (a trained BPE's,
-  one token) or, for `--tokenizer bytes`, the byte 0x04 (ASCII end of transmission); the
-  generation prompt is `<|assistant|>\\n`. The role names are plain text.
+  one token), a model folder's own special eos token where it has no `<|endoftext|>`
+  (Llama-2's `</s>`) or, for `--tokenizer bytes`, the byte 0x04 (ASCII end of transmission);
+  the generation prompt is `<|assistant|>\\n`. The role names are plain text.
 
 Special tokens (the tokenizer's added tokens marked special) written by the template become
 their ids; the text between them is encoded as text. Text is also cut where each
@@ -85,12 +86,17 @@ def chat_template(tokenizer: Tokenizer) -> tuple[str, dict[str, str]]:
         return own["template"], dict(own["tokens"])
     if tokenizer.kind == "bytes":
         return DEFAULT_TEMPLATE, {"eos_token": BYTES_END_OF_TURN}
-    if tokenizer.eot is None:
-        raise DataError(
-            "the tokenizer has no chat template (a tokenizer_config.json with chat_template "
-            f"beside its tokenizer.json) and no {EOT} token to end a turn in the default one"
-        )
-    return DEFAULT_TEMPLATE, {"eos_token": EOT}
+    if tokenizer.eot is not None:
+        return DEFAULT_TEMPLATE, {"eos_token": EOT}
+    specials = {i: name for name, i in _specials(tokenizer).items()}
+    folder_eos = [specials[i] for i in tokenizer.eos_ids if i in specials]
+    if folder_eos:  # a folder's own special eos token (Llama-2's </s>) ends a turn instead
+        return DEFAULT_TEMPLATE, {"eos_token": folder_eos[0]}
+    raise DataError(
+        "the tokenizer has no chat template (a tokenizer_config.json with chat_template "
+        f"beside its tokenizer.json) and no {EOT} token or special eos token of its model "
+        "folder to end a turn in the default one"
+    )
 
 
 def render_text(tokenizer: Tokenizer, messages: Sequence[dict[str, Any]], gen: bool) -> str:
