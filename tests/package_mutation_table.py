@@ -221,7 +221,7 @@ TRAINING = [
     bug("accumulated-resume-skips-steps", "checkpointing/checkpointer.py",
         "done = (index + 1) * run.samples_per_step",
         "done = (index + 1) * run.config.optim.batch_size",
-        "test_step_checkpoints.py", "accumulation"),
+        "test_step_loop.py", "accumulation"),
     bug("every-stop-signal-exits-143", "runtime/stopping.py",
         "self.exit_code = 128 + signum", "self.exit_code = 128 + signal.SIGTERM",
         "test_checkpoint.py", "128_plus"),
