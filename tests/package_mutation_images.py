@@ -207,7 +207,7 @@ IMAGES_AND_OUTSIDERS = [
         "test_images.py", "random_erase"),
     bug("outsider-smoothing-sums-the-classes", "training/task.py",
         "spread = -log_p.mean(dim=1)", "spread = -log_p.sum(dim=1)",
-        "test_train.py", "deterministic_loss"),
+        "test_losses.py", "deterministic_loss"),
     bug("outsider-smoothing-beside-a-registered-loss-silently-dropped", "settings/checks.py",
         "    if (registry.loss is not None or registry.training_loss is not None) and smoothing:",
         "    if False:",
