@@ -245,7 +245,7 @@ IMAGES_AND_OUTSIDERS = [
     bug("outsider-no-weight-decay-on-linear-weights", "slots.py",
         "param.ndim >= 2 and id(param) not in embeddings",
         "param.ndim > 2 and id(param) not in embeddings",
-        "test_slots.py", "matrices_and_kernels"),
+        "test_schedules.py", "matrices_and_kernels"),
     bug("outsider-ema-decay-one-accepted", "settings/checks.py",
         "if not 0 <= optim.ema_decay < 1:", "if not 0 <= optim.ema_decay <= 1:",
         "test_config.py", "bad_flags"),

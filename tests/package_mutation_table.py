@@ -131,7 +131,7 @@ TRAINING = [
         "test_muon.py", "registered_optimizer"),
     bug("wsd-decays-from-the-start", "training/schedules.py",
         "return min(1.0, left / fraction) if fraction > 0 else 1.0", "return left",
-        "test_slots.py", "schedules_by_hand"),
+        "test_schedules.py", "schedules_by_hand"),
     bug("evaluate-runs-a-bf16-checkpoint-at-fp32", "training/task.py",
         "    precision = config.speed.precision\n    try:",
         '    precision = "fp32"\n    try:',
