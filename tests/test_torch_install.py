@@ -58,7 +58,12 @@ def test_nothing_else_chooses_torchs_source() -> None:
     """
     rule = _section(PROJECT_NOXFILE.read_text())
     own = re.compile(r"UV_TORCH_BACKEND|--torch-backend|PYTORCH_INDEX|download\.pytorch\.org")
-    checked = [ROOT / "noxfile.py", ROOT / ".ci" / "run", *sorted((ROOT / "tests").glob("*.py"))]
+    checked = [
+        ROOT / "noxfile.py",
+        ROOT / "nox_env.py",
+        ROOT / ".ci" / "run",
+        *sorted((ROOT / "tests").glob("*.py")),
+    ]
     checked += [*sorted((ROOT / "template").rglob("*.py")), PROJECT_NOXFILE]
     for path in checked:
         if path == Path(__file__):
