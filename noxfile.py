@@ -23,26 +23,23 @@ the wheel as in the generated projects (`auto`: the CPU build on a machine witho
 `none`: whatever the configured package indexes hold).
 
 On a GPU machine with torch preinstalled and no package index, skip the environment and use the
-interpreter running nox (it needs NO_VENV_MODULES below; see README, GPU checks):
+interpreter running nox (it needs nox_env.py's NO_VENV_MODULES; see README, GPU checks):
 
     nox --no-venv -s gpu
 """
 
 from __future__ import annotations
 
-import ast
 import atexit
 import contextlib
 import importlib.util
 import os
-import re
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
-import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -50,97 +47,22 @@ from typing import IO, Any
 import nox
 from nox.command import CommandFailed
 
-ROOT = Path(__file__).resolve().parent
-BUILD = ROOT / "build"
-TORCH = os.environ.get("TORCH_SPEC", "torch==2.13.0")
-# The generated projects' noxfile: plain Python, and the owner of the torch install rule.
-PROJECT_NOXFILE = ROOT / "template" / "noxfile.py"
+# The shared environment (nox_env.py, beside this file): nox puts this folder on sys.path, the
+# tests that load this file by path may not.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from nox_env import (
+    BUILD,
+    ENV_PACKAGES,
+    NO_VENV_MODULES,
+    ROOT,
+    TORCH,
+    TORCH_RULE,
+    Env,
+    require_modules,
+    run_python,
+)
 
-
-def _torch_rule() -> types.ModuleType:
-    """The torch install rule of the generated projects' noxfile, executed from that file, so
-    this repository's environments take torch exactly as a generated project's sessions and
-    CI do (TORCH_BACKEND, the source it names, the fallback and its line, uv handed pip's
-    configuration). Only that noxfile's imports and its section headed "Which torch, and from
-    where" run: importing the file whole would register its sessions over these."""
-    text = PROJECT_NOXFILE.read_text()
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if "Which torch, and from where" in line)
-    end = next(i for i, line in enumerate(lines) if "End of the torch rule" in line)
-    tree = ast.parse(text, str(PROJECT_NOXFILE))
-    tree.body = [
-        node
-        for node in tree.body
-        if isinstance(node, (ast.Import, ast.ImportFrom)) or start < node.lineno <= end
-    ]
-    module = types.ModuleType("torch_rule", f"The torch install rule of {PROJECT_NOXFILE}.")
-    module.__file__ = str(PROJECT_NOXFILE)
-    exec(compile(tree, str(PROJECT_NOXFILE), "exec"), module.__dict__)
-    return module
-
-
-TORCH_RULE = _torch_rule()
-
-
-def _pinned(tool: str) -> str:
-    """The one pin of a development tool: the generated projects' dependency groups."""
-    text = (ROOT / "template" / "pyproject.toml.jinja").read_text()
-    found = re.search(rf'"({re.escape(tool)}==[^"]+)"', text)
-    assert found, f"template/pyproject.toml.jinja pins no {tool}"
-    return found[1]
-
-
-ENV_PACKAGES = [
-    "copier>=9.13,<10",  # the lower bound is MIN_COPIER's minor version
-    "pytest>=8",
-    "pytest-xdist>=3.6",  # the tests session runs on two workers
-    _pinned("ruff"),  # the renders are linted and type-checked with the versions they pin
-    _pinned("mypy"),
-    "nox",  # the docs tests run the generated projects' own nox sessions with --no-venv
-    "setuptools>=77",  # rendered projects are installed with --no-build-isolation
-    "pip",  # the tests pip-install the renders; a uv-made environment has no pip of its own
-    # The generated projects' own dependencies, so they install with --no-deps.
-    "numpy>=1.24",
-    "tqdm>=4.60",
-    "pillow>=9",
-    "tyro>=1.0,<2",
-    # The trackers (--tracker) and sweeps: extras of the generated projects, installed here
-    # once so each render's suite reads every tracker back through its real library.
-    "tensorboard>=2.14",
-    "mlflow-skinny>=2.16",
-    "sqlalchemy>=2",
-    "alembic>=1.13",
-    "wandb>=0.20",
-    "optuna>=3.6",
-    # The language model's Hugging Face formats (extra `hf`) and its parity tests.
-    "tokenizers>=0.20",
-    "safetensors>=0.4",
-    "transformers>=4.40",
-    # Parquet and `datasets` folders (extra `data`): the language model's `prepare` and the
-    # image projects' --data-dir read them, their tests write them.
-    "pyarrow>=15",
-    "datasets>=2.19",
-    "webdataset>=0.2",  # the image projects' tests write shards with it
-    # ONNX export (extra `onnx`): both tasks' export --format onnx and its ONNX Runtime tests.
-    "onnx>=1.16",
-    "onnxruntime>=1.18",
-    "onnxscript>=0.2",
-    # Downstream tasks (extra `eval` of a language model): evaluate --tasks and its tests.
-    "lm-eval[hf]>=0.4",  # [hf]: accelerate, for lm-eval's Hugging Face backend (the tests')
-    # The HTTP server (extra `serve`) and its tests: the official OpenAI client against it.
-    "fastapi>=0.115",
-    "uvicorn>=0.30",
-    "python-multipart>=0.0.9",
-    "openai>=1.40",
-    # The browser tests of serve's page (the renders' group `browser`; .ci/run installs a
-    # Chromium and sets REQUIRE_BROWSER=1 so that they cannot skip there).
-    "playwright>=1.45",
-    "mkdocs-material>=9.5",  # the docs session and tests/test_docs.py build the site
-]
 NO_CUDA = "no CUDA device: GPU checks skipped"
-# What `nox --no-venv -s gpu` imports (README, GPU checks): copier renders, nox runs each
-# render's session, pytest its GPU tests; the rest are the generated projects' dependencies.
-NO_VENV_MODULES = ["torch", "copier", "pytest", "nox", "tyro", "tqdm", "numpy", "PIL", "tokenizers"]
 # The generated projects' GPU probe, stand-alone (stdlib + torch), so it runs by path here.
 CUDA_CHECK = ROOT / "template" / "src" / "{{ package_name }}" / "runtime/cuda_check.py"
 PY_VERSION = "import sys; print('%d.%d' % sys.version_info[:2])"
@@ -174,20 +96,12 @@ def _load_matrix() -> tuple[dict[str, dict[str, Any]], Any, str, list[str]]:
 MATRIX, package_name, SLOW_RENDER, GPU_RENDERS = _load_matrix()
 
 
-class Env:
-    """Where the shared environment's interpreter is; set by the `env` session, which every
-    other session requires, so it has run (once per nox invocation) before they start."""
-
-    python = "python"
-    run_env: dict[str, str] = {}  # noqa: RUF012 - one process-wide setting, never mutated
-
-
 @nox.session(reuse_venv=True, default=False)
 def env(session: nox.Session) -> None:
     """Build the shared environment (run on demand by the other sessions)."""
     if session.venv_backend == "none":  # --no-venv: take the interpreter running nox as it is
         Env.python = sys.executable  # as the generated projects' sessions do (not PATH's python)
-        _require_modules(session, NO_VENV_MODULES)
+        require_modules(session, NO_VENV_MODULES)
         return
     # uv writes no bytecode unless asked (pip does), and under PYTHONDONTWRITEBYTECODE (set on
     # CI's machine) no process writes it: every one of the suite's hundreds of processes then
@@ -208,30 +122,6 @@ def env(session: nox.Session) -> None:
     }
 
 
-def _require_modules(session: nox.Session, modules: list[str]) -> None:
-    missing = session.run(
-        Env.python,
-        "-c",
-        "import importlib.util as u, sys; "
-        "print(' '.join(m for m in sys.argv[1:] if u.find_spec(m) is None))",
-        *modules,
-        silent=True,
-        external=True,
-    )
-    if str(missing).strip():
-        session.error(
-            f"--no-venv uses the python running nox ({Env.python}), which lacks: "
-            f"{str(missing).strip()}; "
-            "install them there (offline: pip install --no-index --find-links <wheel folder>)"
-        )
-
-
-def _run(session: nox.Session, *args: str | Path, **kwargs: Any) -> Any:
-    """Run `python ...` (the shared environment's, or PATH's under --no-venv)."""
-    env = {**Env.run_env, **kwargs.pop("env", {})}
-    return session.run(Env.python, *map(str, args), env=env, external=True, **kwargs)
-
-
 class Renders:
     """Where this nox run rendered each set of answers: the lint, typecheck and gpu sessions
     render the same matrix entries from the same working tree, so the second render of the
@@ -250,7 +140,7 @@ def _render(session: nox.Session, dest: Path, answers: dict[str, Any]) -> Path:
         shutil.copytree(Renders.pristine[key], dest, symlinks=True)
         return dest
     data = [f"--data={key}={value}" for key, value in answers.items()]
-    _run(session, "-m", "copier", "copy", "--quiet", "--defaults", "--vcs-ref", "HEAD",
+    run_python(session, "-m", "copier", "copy", "--quiet", "--defaults", "--vcs-ref", "HEAD",
          *data, ROOT, dest)  # fmt: skip
     # Kept as rendered (the sessions write into theirs: ruff's cache, runs, checkpoints).
     if Renders.folder is None:
@@ -276,7 +166,7 @@ def demo(session: nox.Session) -> None:
     project = _render(session, BUILD / "demo", {})
     (package,) = (init.parent.name for init in project.glob("src/*/__init__.py"))
     session.chdir(project)
-    _run(session, "-m", f"{package}.train", "--epochs", "1", env={"PYTHONPATH": "src"})
+    run_python(session, "-m", f"{package}.train", "--epochs", "1", env={"PYTHONPATH": "src"})
     session.log(f"rendered project: {project}")
 
 
@@ -291,7 +181,7 @@ def tests(session: nox.Session) -> None:
     with contextlib.ExitStack() as stack:
         if not session.posargs:  # the whole suite: the update tests again, on the oldest copier
             stack.enter_context(_min_copier_beside(session))
-        _run(session, "-m", "pytest", *parallel, "--durations=15", *session.posargs,
+        run_python(session, "-m", "pytest", *parallel, "--durations=15", *session.posargs,
              env=_torch_threads())  # fmt: skip
 
 
@@ -311,7 +201,7 @@ def _torch_threads() -> dict[str, str]:
 @nox.session(venv_backend="none", requires=["env"])
 def update(session: nox.Session) -> None:
     """Only the `copier update` tests (also part of `tests`), then again on the oldest copier."""
-    _run(session, "-m", "pytest", "-m", "update", *session.posargs)
+    run_python(session, "-m", "pytest", "-m", "update", *session.posargs)
     _update_tests_on_min_copier(session)
 
 
@@ -319,7 +209,7 @@ def _update_tests_on_min_copier(session: nox.Session) -> None:
     """The fast update tests with copier==MIN_COPIER, installed once into build/ and put first
     on PYTHONPATH (so it shadows the environment's newer copier, dependencies included)."""
     for args, env in _min_copier_steps():
-        _run(session, *args, env=env)
+        run_python(session, *args, env=env)
 
 
 def _min_copier_steps() -> list[tuple[list[str], dict[str, str]]]:
@@ -385,7 +275,7 @@ def gpu(session: nox.Session) -> None:
     # Exit 1 when a GPU is there but torch cannot use it. run_path: running the file itself
     # would put its folder (utils.py, data.py, ...) first on sys.path, shadowing real modules.
     probe = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')"
-    report = str(_run(session, "-c", probe, CUDA_CHECK, silent=True)).strip()
+    report = str(run_python(session, "-c", probe, CUDA_CHECK, silent=True)).strip()
     session.log(report)
     rehearse = report.startswith(NO_CUDA)
     if rehearse:
@@ -402,7 +292,7 @@ def gpu(session: nox.Session) -> None:
         for name, project in projects.items():
             session.chdir(project)
             try:  # the render's own session, in this interpreter (--no-venv: sys.executable)
-                _run(session, "-m", "nox", "--no-venv", "-s", "gpu")
+                run_python(session, "-m", "nox", "--no-venv", "-s", "gpu")
                 results[name] = "ok"
             except CommandFailed:
                 results[name] = "FAILED"
@@ -466,7 +356,7 @@ def typecheck(session: nox.Session) -> None:
     # the slow part (about 55 s; a render's own code then takes seconds), and mypy uses one
     # core: the template's own files and the first render run side by side, then the first
     # render's cache (torch analysed) is copied so the other renders run two at a time.
-    version = ["--python-version", _run(session, "-c", PY_VERSION, silent=True).strip()]
+    version = ["--python-version", run_python(session, "-c", PY_VERSION, silent=True).strip()]
     renders = [_render(session, BUILD / "typecheck" / n, a) for n, a in MATRIX.items()]
     caches = [BUILD / "mypy_cache" / str(lane) for lane in range(2)]
     for cache in caches:
@@ -509,7 +399,7 @@ def _mypy_side_by_side(session: nox.Session, jobs: list[tuple[Path, Path, list[s
 def docs(session: nox.Session) -> None:
     """Build the documentation site strictly: a broken link, anchor or missing page fails."""
     session.chdir(ROOT)
-    _run(session, "-m", "mkdocs", "build", "--strict", "--site-dir", str(BUILD / "site"))
+    run_python(session, "-m", "mkdocs", "build", "--strict", "--site-dir", str(BUILD / "site"))
     session.log(f"site: {BUILD / 'site' / 'index.html'}")
 
 
@@ -519,7 +409,7 @@ def _ruff_passes(session: nox.Session, folder: Path) -> bool:
     passed = True
     for command in (["check", "."], ["format", "--check", "."]):
         try:
-            _run(session, "-m", "ruff", *command)
+            run_python(session, "-m", "ruff", *command)
         except CommandFailed:
             passed = False
     return passed

@@ -40,7 +40,7 @@ CHECKPOINTS = [
     bug("a-signal-during-validation-runs-one-more-step", "checkpointing/checkpointer.py",
         "if self.run.global_step < self.run.total_steps and self.stopping():",
         "if False:",
-        "test_step_checkpoints.py", "during_validation"),
+        "test_step_loop.py", "during_validation"),
     # ---- issue 53, G5: staging into kept buffers, DCP's async_save, kills mid-write --------
     bug("staging-allocates-its-buffers-every-save", "checkpointing/steps.py",
         "pool = self._buffers.setdefault(kind, [])", "pool: list[torch.Tensor] = []",

@@ -149,8 +149,8 @@ def test_release_notes_step_gives_the_newest_sections_text_and_refuses_a_version
 def test_pre_commit_pins_the_ruff_everything_else_uses_and_runs_the_hygiene_hooks():
     config = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())
     revs = {repo["repo"].rsplit("/", 1)[-1]: repo["rev"] for repo in config["repos"]}
-    noxfile = load_module(ROOT / "noxfile.py", "template_repo_noxfile_pre_commit")
-    ruff = noxfile._pinned("ruff").removeprefix("ruff==")  # the generated projects' lint pin
+    environment = load_module(ROOT / "nox_env.py", "template_repo_nox_env_pre_commit")
+    ruff = environment.pinned("ruff").removeprefix("ruff==")  # the generated projects' lint pin
     assert revs["ruff-pre-commit"] == f"v{ruff}"
     generated = yaml.safe_load((ROOT / "template" / ".pre-commit-config.yaml").read_text())
     assert revs == {r["repo"].rsplit("/", 1)[-1]: r["rev"] for r in generated["repos"]}

@@ -1,13 +1,13 @@
 """One way to install torch for every environment the template makes (issue 56).
 
 The rule lives in the generated projects' noxfile (template/noxfile.py: `torch_source`,
-`install_torch`, `pip_config_for_uv`); this repository's noxfile executes it from there and the
-user-install test calls it, so the template's `env` session, the environment that
-tests/test_user_install.py builds as the generated README says, a generated project's nox
-sessions and its CI (which runs those sessions) take torch the same way. Where PyTorch's index
-cannot be reached, each falls back to the configured package indexes with one line: tested for
-real below, with PyTorch's index made unreachable through a proxy that refuses every
-connection, while the configured indexes and PyPI are reached directly.
+`install_torch`, `pip_config_for_uv`); this repository's noxfile (through nox_env.py) executes
+it from there and the user-install test calls it, so the template's `env` session, the
+environment that tests/test_user_install.py builds as the generated README says, a generated
+project's nox sessions and its CI (which runs those sessions) take torch the same way. Where
+PyTorch's index cannot be reached, each falls back to the configured package indexes with one
+line: tested for real below, with PyTorch's index made unreachable through a proxy that refuses
+every connection, while the configured indexes and PyPI are reached directly.
 """
 
 from __future__ import annotations
@@ -58,7 +58,12 @@ def test_nothing_else_chooses_torchs_source() -> None:
     """
     rule = _section(PROJECT_NOXFILE.read_text())
     own = re.compile(r"UV_TORCH_BACKEND|--torch-backend|PYTORCH_INDEX|download\.pytorch\.org")
-    checked = [ROOT / "noxfile.py", ROOT / ".ci" / "run", *sorted((ROOT / "tests").glob("*.py"))]
+    checked = [
+        ROOT / "noxfile.py",
+        ROOT / "nox_env.py",
+        ROOT / ".ci" / "run",
+        *sorted((ROOT / "tests").glob("*.py")),
+    ]
     checked += [*sorted((ROOT / "template").rglob("*.py")), PROJECT_NOXFILE]
     for path in checked:
         if path == Path(__file__):
