@@ -31,11 +31,11 @@ GROUP_CLASS = re.compile(r"^class (\w+Config)\b[^\n]*\n(.*?)(?=^\S|\Z)", re.M | 
 
 
 def change_defaults(
-    project: Path, defaults: dict[str, str], base: str = "settings/base.py"
+    project: Path, defaults: dict[str, str], base: str = "settings/groups.py"
 ) -> None:
     """Set defaults as config.py's docstring tells a user to: as arguments of their group's
     line in `Config`, `optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))`
-    (the group of each field read from the template's `base`, settings/base.py; 0.3.0's was
+    (the group of each field read from the template's `base`, settings/groups.py; 0.3.0's was
     config_base.py), beside the defaults already changed there."""
     (config,) = project.glob("src/*/config.py")
     base_text = (config.parent / base).read_text()

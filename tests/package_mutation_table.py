@@ -139,7 +139,7 @@ TRAINING = [
     bug("inference-reads-the-raw-weights-of-an-ema-run", "checkpointing/checkpoint.py",
         'state["model"] = averaged_weights(state) or state["model"]', "pass",
         "test_inference.py", "ema_run"),
-    bug("a-template-module-imports-data-py", "training/task.py",
+    bug("a-template-module-imports-data-py", "training/task_base.py",
         "from .data_sources import DataInfo, Datasets", "from ..data import DataInfo, Datasets",
         "test_slots.py", "import_no_user_file"),
     Mutation("clipping-after-the-optimizer-step", "training/loop.py", (

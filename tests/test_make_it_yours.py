@@ -232,7 +232,7 @@ def test_a_project_made_yours_in_your_files_trains_resumes_and_updates_cleanly(t
     edit(template / pkg / "training/loop.py", r"^    run\.global_step \+= 1\n",
          "    run.global_step += 1  # counted once the update is applied\n")  # fmt: skip
     edit(template / pkg / "train.py.jinja", r"^(def build_run\()", "# Built once per run.\n\\1")
-    edit(template / pkg / "settings/base.py.jinja", r"default=50, metadata",
+    edit(template / pkg / "settings/groups.py.jinja", r"default=50, metadata",
          "default=40, metadata")  # fmt: skip
     commit_all(template, "release 1.1.0")
     git(template, "tag", "v1.1.0")

@@ -122,7 +122,7 @@ def test_a_render_offers_only_its_own_task_s_settings_and_benchmark_sections(ren
     task = MATRIX[name].get("task", "image")
     other = "lm" if task == "image" else "image"
     (package,) = (rendered[name] / "src").glob("*/__init__.py")
-    fields = annotated_fields(package.parent / "settings" / "base.py")
+    fields = annotated_fields(package.parent / "settings" / "groups.py")
     assert TASK_SETTINGS[task] <= fields and not TASK_SETTINGS[other] & fields, fields
     cli = ast.parse((package.parent / "benchmarks" / "cli.py").read_text())
     (sections,) = [
@@ -195,7 +195,7 @@ def test_tracker_packages_come_only_through_their_extras(rendered, name):
     assert extras["tensorboard"][0].startswith("tensorboard")
     assert extras["mlflow"][0].startswith("mlflow-skinny")
     assert extras["wandb"][0].startswith("wandb")
-    config = (project / "src" / package_name(MATRIX[name]) / "settings/base.py").read_text()
+    config = (project / "src" / package_name(MATRIX[name]) / "settings/groups.py").read_text()
     assert f'default="{tracker}"' in config  # the answer is --tracker's default
     install = '".[test]"' if tracker == "none" else f'".[test,{tracker}]"'
     assert f"pip install -e {install}" in (project / "docs" / "template.md").read_text()

@@ -162,7 +162,7 @@ def test_a_v010_project_updates_by_the_notes_to_a_fresh_copy(tmp_path):
 
     recorded = yaml.safe_load((project / ".copier-answers.yml").read_text())
     assert recorded["tracker"] == "tensorboard" and "tensorboard" not in recorded
-    config = (project / "src" / "tb_project" / "settings/base.py").read_text()
+    config = (project / "src" / "tb_project" / "settings/groups.py").read_text()
     tracker = 'tracker: Literal["none", "tensorboard", "mlflow", "wandb"] = field(\n'
     assert tracker + '        default="tensorboard"' in config
     assert conflict_markers(project) == []

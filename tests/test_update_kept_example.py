@@ -183,7 +183,7 @@ def test_skip_answered_and_a_changed_answer_on_the_kept_example(kept, tmp_path):
     """Without `--defaults` copier asks every question again (the page says so): with no
     terminal it stops at the first, writing nothing, though no question was added since 0.2.0.
     With `--skip-answered` it asks only new ones (none) and, with `-d tracker=mlflow`, the
-    tracker default changes (in the template's settings/base.py), every user line stays, and the
+    tracker default changes (in the template's settings/groups.py), every user line stays, and the
     conflicts are the default update's."""
     project = clone(kept, tmp_path / "project")
     released = subprocess.run(
@@ -210,7 +210,7 @@ def test_skip_answered_and_a_changed_answer_on_the_kept_example(kept, tmp_path):
     assert run_doc(project, unmerged).stdout.split() == sorted(CONFLICT_BLOCKS)
     assert run_doc(project, rejects).stdout == ""
     assert user_lines_lost(project) == []  # the user's config edits: in config.py's block
-    config_base = (project / SRC / "settings/base.py").read_text()
+    config_base = (project / SRC / "settings/groups.py").read_text()
     assert re.search(r"tracker: Literal\[[^]]*\] = field\(\s*default=\"mlflow\"", config_base)
     answers = (project / ".copier-answers.yml").read_text()
     assert "tracker: mlflow" in answers and "_commit: v99.0.0" in answers

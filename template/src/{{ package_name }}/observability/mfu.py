@@ -143,7 +143,7 @@ class Utilization:
         cls, model: nn.Module, config: Any, info: Any, device: torch.device, enabled: bool
     ) -> Utilization:
         """For `train.py`: the sample shape and classes from an image dataset's `DataInfo`
-        (a language model's task counts its FLOPs per token instead: training/task.py)."""
+        (a language model's task counts its FLOPs per token instead: language/lm_task.py)."""
         shape = (info.in_channels, info.image_size, info.image_size)
         return cls(model, shape, info.num_classes, config.optim.batch_size, device,
                    config.speed.precision, enabled=enabled)  # fmt: skip

@@ -20,7 +20,7 @@ Training on such a folder (`--data-dir`) reads one conversation per window: its 
 attends to another and the model needs no attention mask (model.py is unchanged). The
 targets the loss does not cover (system and user messages, the template's headers, the
 padding) are `chat.IGNORE_INDEX`; the task leaves them out before the loss
-(training/task.py), so cross-entropy, a loss of yours (`@slots.loss`), the accuracy, the
+(language/lm_task.py), so cross-entropy, a loss of yours (`@slots.loss`), the accuracy, the
 metrics and bits per byte see only the assistants' tokens. A conversation with no covered
 target in its window (its answer starts past `--seq-len`) is left out. An epoch is
 `--train-samples` conversations, taken in turn (the next epoch goes on where this one

@@ -1,5 +1,5 @@
 """Text for the language model: tokens in a memory-mapped file (the task that reads them,
-`LanguageModelTask`, is in training/task.py).
+`LanguageModelTask`, is in language/lm_task.py).
 
 By default a byte-level BPE trained on the corpus tokenizes the text (`--tokenizer bpe`,
 language/tokenizer.py), each file a document followed by `<|endoftext|>`; `--tokenizer bytes` takes
