@@ -75,12 +75,16 @@ def main(rounds: int, calls: int) -> None:
     for process in processes:
         process.join()
     for name, values in medians.items():
-        print(f"{name:8s} median per call {1e3 * statistics.median(values):.2f} ms "
-              f"(rounds {', '.join(f'{1e3 * v:.1f}' for v in values)})")
+        print(
+            f"{name:8s} median per call {1e3 * statistics.median(values):.2f} ms "
+            f"(rounds {', '.join(f'{1e3 * v:.1f}' for v in values)})"
+        )
     ratios = sorted(k / d for k, d in zip(medians["kept"], medians["default"], strict=True))
     quartiles = statistics.quantiles(ratios, n=4, method="inclusive")
-    print(f"kept / default: {statistics.median(ratios):.2f} "
-          f"(IQR {quartiles[0]:.2f}-{quartiles[2]:.2f}, {rounds} rounds of {calls} calls)")
+    print(
+        f"kept / default: {statistics.median(ratios):.2f} "
+        f"(IQR {quartiles[0]:.2f}-{quartiles[2]:.2f}, {rounds} rounds of {calls} calls)"
+    )
 
 
 if __name__ == "__main__":
