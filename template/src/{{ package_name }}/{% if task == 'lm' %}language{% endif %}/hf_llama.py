@@ -127,9 +127,14 @@ def adopt(config: Config, folder: Path, hf: dict[str, Any], log: Callable[[str],
     changed = [f"--{k.replace('_', '-')} {v}" for k, v in taken.items() if flat.get(k) != v]
     if changed:
         log(f"--init-from {folder}: its architecture and tokenizer: {', '.join(changed)}")
-    adopted = config.replace(**taken, init_from=str(folder))
+    return checked(config.replace(**taken, init_from=str(folder)), folder)
+
+
+def checked(adopted: Config, folder: Path) -> Config:
+    """`adopted` (a run's settings with a folder's architecture), if the flags' range checks
+    pass it (--kv-heads 3 of 2 heads is refused there too), else one line naming the folder."""
     try:
-        check_ranges(adopted)  # what the flags would be refused for (--kv-heads 3 of 2 heads)
+        check_ranges(adopted)
     except ValueError as error:
         raise ConfigError(f"--init-from {folder}: its config.json gives {error}") from None
     return adopted
