@@ -75,6 +75,14 @@ def check_messages(messages: object, where: str = "the conversation") -> list[di
             )
         if not isinstance(content, str):
             raise DataError(f"{where}: message {number}'s content is not text")
+        if not content.isascii():
+            try:
+                content.encode("utf-8")
+            except UnicodeEncodeError as error:  # JSON's "\ud800": half a UTF-16 pair
+                raise DataError(
+                    f"{where}: message {number}'s content holds a lone surrogate "
+                    f"({content[error.start]!r}), which is no Unicode character"
+                ) from None
         checked.append({**message, "role": role, "content": content})
     return checked
 

@@ -92,10 +92,10 @@ def adopt(config: Config, log: Callable[[str], None]) -> Config:
     if not (folder / "tokenizer.json").is_file():
         raise ConfigError(f"--init-from {folder}: no tokenizer.json beside its weights")
     taken = {
-        "width": hf.get("n_embd", 768),
-        "depth": hf.get("n_layer", 12),
-        "heads": hf.get("n_head", 12),
-        "seq_len": hf.get("n_positions", 1024),
+        "width": hf_llama.whole(hf, "n_embd", 768, folder),
+        "depth": hf_llama.whole(hf, "n_layer", 12, folder),
+        "heads": hf_llama.whole(hf, "n_head", 12, folder),
+        "seq_len": hf_llama.whole(hf, "n_positions", 1024, folder),
         "position": "learned",
         "activation": ACTIVATIONS[hf.get("activation_function", "gelu_new")],
         "tokenizer": str(folder),
@@ -104,7 +104,7 @@ def adopt(config: Config, log: Callable[[str], None]) -> Config:
     changed = [f"--{k.replace('_', '-')} {v}" for k, v in taken.items() if flat.get(k) != v]
     if changed:
         log(f"--init-from {folder}: its architecture and tokenizer: {', '.join(changed)}")
-    return config.replace(**taken, init_from=str(folder))
+    return hf_llama.checked(config.replace(**taken, init_from=str(folder)), folder)
 
 
 def init_from(model: nn.Module, config: Config, log: Callable[[str], None]) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from jinja2 import TemplateError
 from lm_eval import evaluator, utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.models.utils import normalize_gen_kwargs
@@ -219,6 +220,9 @@ def run_tasks(
     except (FileNotFoundError, ConnectionError) as error:  # a task's data: a path, the hub
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         problem = f"--tasks {','.join(names)}: a task's data cannot be read ({first})"
+        raise ConfigError(problem) from None
+    except TemplateError as error:  # a task YAML's doc_to_text naming a field the data lacks
+        problem = f"--tasks {','.join(names)}: a task's template failed on its data ({error})"
         raise ConfigError(problem) from None
     if results is None:  # only ranks other than 0 of a distributed run get None
         raise ConfigError("lm-eval returned no results")

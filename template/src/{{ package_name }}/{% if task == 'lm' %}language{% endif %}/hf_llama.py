@@ -30,6 +30,7 @@ from torch import nn
 from ..checkpointing.checkpoint import CheckpointError
 from ..config import Config
 from ..settings.base import ConfigError
+from ..settings.checks import check_ranges
 from . import hf_folders
 from .llama import default_mlp_width, settings
 from .tokenizer import Tokenizer
@@ -61,10 +62,24 @@ def rope(hf: dict[str, Any]) -> tuple[float, list[str]]:
     return float(theta), problems
 
 
+def whole(hf: dict[str, Any], key: str, default: int, folder: Path) -> int:
+    """config.json's `key` (`default` where absent or null): a whole number >= 1, or one line."""
+    value = hf.get(key)
+    value = default if value is None else value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(
+            f"--init-from {folder}: its config.json's {key} is {value!r}, not a whole number >= 1"
+        )
+    return value
+
+
 def architecture(hf: dict[str, Any], folder: Path, seq_len: int) -> dict[str, Any]:
     """The run's settings for the folder's model, or one line naming what does not fit."""
     kind = hf.get("model_type")
-    width, heads = int(hf.get("hidden_size", 4096)), int(hf.get("num_attention_heads", 32))
+    width, heads = (
+        whole(hf, "hidden_size", 4096, folder),
+        whole(hf, "num_attention_heads", 32, folder),
+    )
     theta, problems = rope(hf)
     if hf.get("hidden_act", "silu") != "silu":
         problems.append(f"hidden_act {hf.get('hidden_act')!r} (SwiGLU's is silu)")
@@ -74,7 +89,7 @@ def architecture(hf: dict[str, Any], folder: Path, seq_len: int) -> dict[str, An
         problems.append(f"head_dim {hf['head_dim']} (not hidden_size / heads = {width // heads})")
     if problems:
         raise ConfigError(f"--init-from {folder}: not --model llama's: {'; '.join(problems)}")
-    depth = int(hf.get("num_hidden_layers", 32))
+    depth = whole(hf, "num_hidden_layers", 32, folder)
     window = hf.get("sliding_window")
     sliding = "sliding_attention" in (hf.get("layer_types") or [])
     if (
@@ -83,14 +98,14 @@ def architecture(hf: dict[str, Any], folder: Path, seq_len: int) -> dict[str, An
         and not (hf.get("use_sliding_window") and hf.get("max_window_layers", depth) < depth)
     ):
         window = None  # Qwen2 names a window it does not use
-    limits = [seq_len, int(hf.get("max_position_embeddings", 2048)), window or seq_len]
+    limits = [seq_len, whole(hf, "max_position_embeddings", 2048, folder), window or seq_len]
     return {
         "model": "llama",
         "width": width,
         "depth": depth,
         "heads": heads,
-        "kv_heads": int(hf.get("num_key_value_heads") or heads),
-        "mlp_width": int(hf.get("intermediate_size", 11008)),
+        "kv_heads": whole(hf, "num_key_value_heads", heads, folder),
+        "mlp_width": whole(hf, "intermediate_size", 11008, folder),
         "norm_eps": float(hf.get("rms_norm_eps", 1e-6)),
         "rope_base": theta,
         "tie_head": bool(hf.get("tie_word_embeddings", False)),
@@ -112,7 +127,17 @@ def adopt(config: Config, folder: Path, hf: dict[str, Any], log: Callable[[str],
     changed = [f"--{k.replace('_', '-')} {v}" for k, v in taken.items() if flat.get(k) != v]
     if changed:
         log(f"--init-from {folder}: its architecture and tokenizer: {', '.join(changed)}")
-    return config.replace(**taken, init_from=str(folder))
+    return checked(config.replace(**taken, init_from=str(folder)), folder)
+
+
+def checked(adopted: Config, folder: Path) -> Config:
+    """`adopted` (a run's settings with a folder's architecture), if the flags' range checks
+    pass it (--kv-heads 3 of 2 heads is refused there too), else one line naming the folder."""
+    try:
+        check_ranges(adopted)
+    except ValueError as error:
+        raise ConfigError(f"--init-from {folder}: its config.json gives {error}") from None
+    return adopted
 
 
 def to_model_names(weights: dict[str, torch.Tensor], folder: Path) -> dict[str, torch.Tensor]:
