@@ -29,7 +29,9 @@ class Server:
 
     def close(self) -> None:
         self.server.should_exit = True
-        self.thread.join(timeout=30)
+        # Every test's requests have ended by now, so uvicorn stops at once; where one has not
+        # (a test failing), waiting longer would not end it.
+        self.thread.join(timeout=10)
 
     def request(
         self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None

@@ -6,7 +6,8 @@ Two kinds of work reach it from the event loop:
 - streams (the language model): a generator that does one token's work per step
   (generate.decode). Up to `max_active` run interleaved, one step of each in turn, so a long
   answer does not hold back a short one; the rest wait in arrival order. A stream whose client
-  went away is closed before its next step.
+  went away is closed before its next step. Its items go to the event loop one by one
+  (`stream`, for server-sent events) or all at its end (`whole`, for one JSON body).
 - batched items (images): up to `max_batch` of those waiting go through `batch_fn` together:
   with `batch_wait` 0 (serve's default) the ones that queued while the model ran, so one
   client never waits and many form batches by themselves; above 0, the first waits up to
@@ -59,6 +60,7 @@ class Stream:
     steps: Generator[Any, None, Any]
     deliver: Callable[[str, Any], None]  # ("item" | "done" | "error", value), on any thread
     cancelled: bool = False
+    kept: list[Any] | None = None  # whole(): the items, delivered once with the end
 
 
 @dataclass
@@ -118,9 +120,27 @@ class Worker:
             with self.condition:
                 self.condition.notify()
 
-    def _job(self, steps: Generator[Any, None, Any]) -> tuple[asyncio.Queue[Any], Stream]:
+    async def whole(self, steps: Generator[Any, None, Any]) -> tuple[list[Any], Any]:
+        """(the steps' items, what they returned), handed over once at the end: an answer
+        nobody reads piece by piece costs the event loop one wake-up, not one per token (each
+        of which holds the model's thread on the interpreter lock while the loop runs).
+        Cancelling the caller (a client gone) closes the generator on the worker."""
+        queue, job = self._job(steps, keep=True)
+        try:
+            kind, value = await queue.get()
+        finally:
+            job.cancelled = True
+            with self.condition:
+                self.condition.notify()
+        if kind == "error":
+            raise value
+        return value
+
+    def _job(
+        self, steps: Generator[Any, None, Any], keep: bool = False
+    ) -> tuple[asyncio.Queue[Any], Stream]:
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        job = Stream(steps, _deliverer(queue))
+        job = Stream(steps, _deliverer(queue), kept=[] if keep else None)
         with self.condition:
             self.waiting.append(job)
             self.condition.notify()
@@ -192,10 +212,14 @@ class Worker:
         if job.cancelled:
             return
         try:
-            job.deliver("item", next(job.steps))
+            item = next(job.steps)
+            if job.kept is None:
+                job.deliver("item", item)
+            else:
+                job.kept.append(item)
             return
         except StopIteration as finished:
-            job.deliver("done", finished.value)
+            job.deliver("done", finished.value if job.kept is None else (job.kept, finished.value))
         except Exception as error:
             job.deliver("error", error)
         with self.condition:
